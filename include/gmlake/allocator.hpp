@@ -1,0 +1,603 @@
+// gmlake/allocator.hpp - basic_allocator: the GMLake allocator, built from a
+// PhysicalBackend and three policies.
+//
+// What holds for the whole interface:
+//  - thread safe: every public member takes one lock;
+//  - requests are placed at 512-byte granularity; requests of at most
+//    options::small_max bytes go to the small arena, which packs them into chunks;
+//    larger ones to the large arena, where stitching happens;
+//  - BestFit: S1 exact free range or cached stitched block, S2 split a larger one,
+//    S3 stitch free pieces, S4 create only the shortfall (or a new segment when the
+//    stitch policy says so), S5 release the cache, retry, then fail;
+//  - failure leaves the state as before the call; nothing is leaked;
+//  - stream order: memory freed on a stream is reused at once on that stream, on
+//    another only once the backend's event says the freeing stream's work is done.
+//
+// Bad input, defined: 0 bytes is served as 1 byte (a distinct pointer); a request
+// larger than the backend's capacity fails at once (nullptr / out_of_memory);
+// an alignment that is not a power of two or exceeds the chunk granularity gives
+// nullptr (bad_alignment at the std::pmr edge); freeing a pointer that is not live
+// here (double or foreign free) changes nothing, counts in stats().invalid_frees
+// and calls options::on_misuse (default: abort with a message when GMLAKE_DEBUG >= 1).
+#pragma once
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <new>
+#include <span>
+
+#include "concepts.hpp"
+#include "detail/arena.hpp"
+#include "detail/node_pool.hpp"
+#include "detail/stitch_block.hpp"
+#include "detail/stream_table.hpp"
+#include "errors.hpp"
+#include "policy/eviction.hpp"
+#include "policy/fit.hpp"
+#include "policy/stitch.hpp"
+#include "stats.hpp"
+
+namespace gmlake {
+
+/// Tunables that are not policies.
+struct options {
+  std::size_t small_max = std::size_t{1} << 20;  ///< requests up to this go to the small arena
+  std::size_t chunk_size = 0;                    ///< chunk bytes; 0: the backend's granularity
+  std::size_t va_factor = 2;                     ///< each arena reserves va_factor x capacity of VA
+  std::size_t cached_scan = 8;                   ///< cached stitched blocks tried per request
+  /// Called on misuse (double or foreign free) with a message; nullptr: abort with the
+  /// message when GMLAKE_DEBUG >= 1, ignore otherwise.
+  void (*on_misuse)(const char* what, void* pointer) = nullptr;
+};
+
+template <PhysicalBackend Backend, StitchPolicy Stitch = policy::best_fit_pieces,
+          EvictionPolicy Evict = policy::lru, FitStrategy Fit = policy::best_fit>
+class basic_allocator {
+ public:
+  using backend_type = Backend;
+  using stream_type = typename Backend::stream_type;
+
+  /// @throws out_of_memory or backend_error if the address space cannot be reserved.
+  explicit basic_allocator(Backend backend, options opt = {}, Stitch stitch = {}, Evict evict = {},
+                           Fit fit = {})
+      : backend_(std::move(backend)),
+        opt_(opt),
+        stitch_(stitch),
+        evict_(evict),
+        fit_(fit),
+        chunk_(opt.chunk_size ? round_up(opt.chunk_size, backend_.granularity()) : backend_.granularity()),
+        streams_(backend_, stats_),
+        small_(backend_, nodes_, streams_, stats_, chunk_),
+        large_(backend_, nodes_, streams_, stats_, chunk_) {
+    const std::size_t va = round_up(backend_.capacity(), chunk_) * (opt_.va_factor ? opt_.va_factor : 1);
+    if (errc e = small_.open(va); e != errc::ok) fail_open(e);
+    if (errc e = large_.open(va); e != errc::ok) {
+      small_.close();
+      fail_open(e);
+    }
+    large_base_ = large_.base();
+  }
+  basic_allocator() requires std::default_initializable<Backend> : basic_allocator(Backend{}) {}
+  basic_allocator(const basic_allocator&) = delete;
+  basic_allocator& operator=(const basic_allocator&) = delete;
+
+  /// Releases every chunk and mapping. Live allocations dangle afterwards (reported
+  /// through on_misuse when there are any).
+  ~basic_allocator() {
+    if (stats_.allocations.current != 0) misuse("allocator destroyed with live allocations", nullptr);
+    (void)streams_.wait_all();
+    while (!by_pointer_.empty()) unmap_stitch(*by_pointer_.begin(), true);
+    small_.close();
+    large_.close();
+  }
+
+  /// @brief Allocates `bytes` for use on `stream`.
+  /// @return the block, aligned to `alignment` (a power of two, at most the chunk
+  ///         size), or nullptr if it cannot be served (the state is unchanged).
+  [[nodiscard]] void* try_allocate(std::size_t bytes, stream_type stream = {},
+                                   std::size_t alignment = block_alignment) noexcept {
+    std::lock_guard lock(mutex_);
+    return allocate_locked(bytes, stream, alignment);
+  }
+
+  /// @brief As try_allocate. @throws out_of_memory (carries `bytes`) when it fails.
+  [[nodiscard]] void* allocate(std::size_t bytes, stream_type stream = {},
+                               std::size_t alignment = block_alignment) {
+    void* p = try_allocate(bytes, stream, alignment);
+    if (p == nullptr) throw out_of_memory(bytes);
+    return p;
+  }
+
+  /// @brief Frees p, last used on `stream`. `bytes` may be 0 (unknown) or the size
+  ///        asked for; a different size is misuse (reported; the recorded size is used).
+  void deallocate(void* p, std::size_t bytes = 0, stream_type stream = {}) noexcept {
+    if (p == nullptr) return;
+    std::lock_guard lock(mutex_);
+    deallocate_locked(reinterpret_cast<std::uintptr_t>(p), bytes, stream);
+  }
+
+  /// @brief Unmaps every cached stitched block and releases every unused chunk to
+  ///        the backend (torch.cuda.empty_cache). Waits for pending stream work.
+  /// @return the physical bytes released.
+  std::size_t release_cached() noexcept {
+    std::lock_guard lock(mutex_);
+    return release_cached_locked();
+  }
+
+  /// A snapshot of the statistics.
+  [[nodiscard]] statistics stats() const {
+    std::lock_guard lock(mutex_);
+    return stats_;
+  }
+  void reset_peaks() noexcept {
+    std::lock_guard lock(mutex_);
+    for (stat* s : {&stats_.requested_bytes, &stats_.active_bytes, &stats_.reserved_bytes, &stats_.mapped_bytes,
+                    &stats_.chunks, &stats_.stitched_blocks, &stats_.allocations})
+      s->reset_peak();
+  }
+
+  /// Checks every structural property and that the statistics agree with the
+  /// structures. Always compiled; asserted after every operation at GMLAKE_DEBUG 2.
+  [[nodiscard]] bool check_invariants() const {
+    std::lock_guard lock(mutex_);
+    return check_locked();
+  }
+
+  [[nodiscard]] std::size_t chunk_size() const noexcept { return chunk_; }
+  /// The backend (for its own inspection and test hooks; do not allocate through it).
+  [[nodiscard]] Backend& backend() noexcept { return backend_; }
+  [[nodiscard]] const Backend& backend() const noexcept { return backend_; }
+  [[nodiscard]] const Stitch& stitch_policy() const noexcept { return stitch_; }
+
+ private:
+  using range = detail::range;
+  using arena_type = detail::arena<Backend>;
+  using stitch_block = detail::stitch_block;
+  static constexpr std::size_t max_candidates = 64;
+
+  [[noreturn]] static void fail_open(errc e) {
+    if (e == errc::out_of_memory) throw out_of_memory(0);
+    throw backend_error("gmlake: could not reserve the address space");
+  }
+
+  void misuse(const char* what, void* p) noexcept {
+    if (opt_.on_misuse) {
+      opt_.on_misuse(what, p);
+      return;
+    }
+#if GMLAKE_DEBUG >= 1
+    std::fprintf(stderr, "gmlake: misuse: %s (%p)\n", what, p);
+    std::abort();
+#endif
+  }
+
+  void count(call c, std::uint64_t n = 1) noexcept { stats_.calls[static_cast<std::size_t>(c)] += n; }
+
+  void debug_check() const noexcept {
+#if GMLAKE_DEBUG >= 2
+    GMLAKE_ASSERT(check_locked(), "invariants broken");
+#endif
+  }
+
+  // ------------------------------------------------------------ allocate
+
+  void* allocate_locked(std::size_t bytes, stream_type stream, std::size_t alignment) noexcept {
+    if (alignment < block_alignment) alignment = block_alignment;
+    if (!std::has_single_bit(alignment) || alignment > chunk_ || bytes > backend_.capacity()) {
+      ++stats_.fit[static_cast<std::size_t>(fit_state::s5_oom)];
+      ++stats_.num_ooms;
+      return nullptr;
+    }
+    const std::size_t size = round_up(bytes == 0 ? 1 : bytes, block_alignment);
+    std::uint32_t s = 0;
+    if (!streams_.index_of(stream, s)) return nullptr;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      if (void* p = place(size, bytes, s, alignment)) {
+        debug_check();
+        return p;
+      }
+      if (attempt == 0) {
+        ++stats_.num_alloc_retries;
+        (void)release_cached_locked();
+      }
+    }
+    ++stats_.fit[static_cast<std::size_t>(fit_state::s5_oom)];
+    ++stats_.num_ooms;
+    debug_check();
+    return nullptr;
+  }
+
+  struct usable_on {
+    detail::stream_table<Backend>* streams;
+    std::uint32_t stream;
+    bool operator()(const range& r) const noexcept { return streams->usable(r.tag, stream); }
+  };
+
+  void* place(std::size_t size, std::size_t requested, std::uint32_t s, std::size_t alignment) noexcept {
+    const bool small = size <= opt_.small_max;
+    arena_type& a = small ? small_ : large_;
+    const std::size_t slack = alignment - block_alignment;
+    if (!nodes_.reserve(4)) return nullptr;
+    const usable_on usable{&streams_, s};
+
+    // S1 / S2: one free range.
+    if (const range* f = fit_.pick(a.free_ranges(), size + slack, detail::range_filter(usable)))
+      return take(a, const_cast<range&>(*f), size, requested, alignment,
+                  f->size == size ? fit_state::s1_exact : fit_state::s2_split);
+
+    const bool stitching = !small && stitch_.stitches(size) && alignment <= block_alignment;
+    if (stitching) {
+      if (void* p = reuse_stitch(size, requested, s)) return p;   // S1 on the cache
+      if (void* p = stitch(size, requested, s, false)) return p;  // S3
+    }
+    if (stitch_.create_shortfall()) {  // S4: grow a free range by the shortfall
+      typename arena_type::extension e;
+      if (a.find_extension(size + slack, usable, e)) {
+        if (auto r = a.extend(e)) return take(a, *r.value, size, requested, alignment, fit_state::s4_shortfall);
+      }
+      if (stitching) {
+        if (void* p = stitch(size, requested, s, true)) return p;  // S4: stitch free pieces with new chunks
+      }
+    }
+    const std::uint32_t segment = stitch_.create_shortfall() ? 0 : a.new_segment();
+    if (auto r = a.grow(round_up(size + slack, chunk_), segment))
+      return take(a, *r.value, size, requested, alignment, fit_state::s4_shortfall);
+    return nullptr;
+  }
+
+  void* take(arena_type& a, range& f, std::size_t size, std::size_t requested, std::size_t alignment,
+             fit_state st) noexcept {
+    const std::uintptr_t at = f.addr + (alignment - (f.addr % alignment)) % alignment;
+    range& u = a.carve(f, at, size);
+    u.requested = requested;
+    on_allocated(requested, size, st);
+    return reinterpret_cast<void*>(u.addr);
+  }
+
+  void on_allocated(std::size_t requested, std::size_t size, fit_state st) noexcept {
+    ++stats_.fit[static_cast<std::size_t>(st)];
+    stats_.requested_bytes.add(static_cast<std::int64_t>(requested));
+    stats_.active_bytes.add(static_cast<std::int64_t>(size));
+    stats_.allocations.add(1);
+  }
+
+  /// S1 on the sPool: a cached stitched block of at least `size` whose prefix pieces are free.
+  void* reuse_stitch(std::size_t size, std::size_t requested, std::uint32_t s) noexcept {
+    auto it = cache_.lower_bound(size, detail::stitch_capacity_less{});
+    for (std::size_t n = 0; it != cache_.end() && n < opt_.cached_scan; ++it, ++n) {
+      stitch_block& b = *it;
+      if (activate(b, size, requested, s, fit_state::s1_exact)) {
+        ++stats_.cached_stitch_hits;
+        return reinterpret_cast<void*>(b.pointer);
+      }
+    }
+    return nullptr;
+  }
+
+  /// Claims the arena ranges of b's first `size` bytes, if all are free and usable on s.
+  bool activate(stitch_block& b, std::size_t size, std::size_t requested, std::uint32_t s, fit_state st) noexcept {
+    std::size_t left = size, k = 0;
+    for (; left > 0 && k < b.pieces.size(); ++k) {
+      const auto& p = b.pieces[k];
+      const std::size_t len = left < p.size ? left : p.size;
+      range& r = large_.holding(p.addr);
+      if (!r.is_free() || p.addr + len > r.end() || !streams_.usable(r.tag, s)) return false;
+      left -= len;
+    }
+    if (left > 0 || !nodes_.reserve(2 * k)) return false;
+    left = size;
+    for (std::size_t i = 0; i < k; ++i) {
+      const auto& p = b.pieces[i];
+      const std::size_t len = left < p.size ? left : p.size;
+      range& u = large_.carve(large_.holding(p.addr), p.addr, len);
+      u.owner = &b;
+      b.claimed[i] = &u;
+      left -= len;
+    }
+    b.claimed_count = k;
+    if (b.cached) {
+      cache_.erase(cache_.iterator_to(b));
+      lru_.erase(lru_.iterator_to(b));
+      cached_bytes_ -= b.mapped;
+      b.cached = false;
+    }
+    b.in_use = true;
+    b.requested = requested;
+    b.active = size;
+    on_allocated(requested, size, st);
+    return true;
+  }
+
+  /// S3 (or S4 with `shortfall`): stitch the largest usable free ranges, plus new
+  /// chunks for what they lack when `shortfall`.
+  void* stitch(std::size_t size, std::size_t requested, std::uint32_t s, bool shortfall) noexcept {
+    const usable_on usable{&streams_, s};
+    std::size_t n = 0;
+    for (auto it = large_.free_ranges().rbegin(); it != large_.free_ranges().rend() && n < max_candidates; ++it) {
+      if (it->size < chunk_) break;
+      if (!usable(*it)) continue;
+      const auto sp = large_.split_of(*it);
+      if (sp.whole == 0) continue;
+      candidates_[n++] = stitch_candidate{it->addr, sp.head, sp.whole, sp.tail};
+    }
+    if (n == 0) return nullptr;
+    const std::span<stitch_candidate> c(candidates_.data(), n);
+    std::size_t k = stitch_.select(c, size);
+    if (k == 0 || k > n) return nullptr;
+    // Lay the pieces out: the first may start at its head, the last may end at its tail.
+    std::array<detail::stitch_piece, max_candidates + 1>& pieces = pieces_;
+    std::size_t got = 0, m = 0;
+    for (std::size_t i = 0; i < k && got < size; ++i) {
+      const auto& x = c[i];
+      std::uintptr_t lo = x.addr + x.head;
+      std::size_t len = x.whole;
+      if (i == 0) {
+        lo = x.addr;
+        len += x.head;
+      }
+      if (!shortfall && i + 1 == k) len += x.tail;
+      if (got + len > size) {  // the last piece: only the chunks the request needs
+        const std::uintptr_t end = round_up(lo + (size - got) - large_base_, chunk_) + large_base_;
+        len = std::min<std::size_t>(len, end - lo);
+      }
+      pieces[m++] = {lo, len};
+      got += len;
+    }
+    if (got < size) {
+      if (!shortfall || m < 1) return nullptr;
+      // S4: new chunks for the rest, at the start of the best-fitting hole.
+      const std::size_t need = round_up(size - got, chunk_);
+      auto r = large_.grow(need, 0);
+      if (!r) return nullptr;
+      // The new range may have merged with a neighbour: the new bytes start where the
+      // hole was, which is chunk aligned and after every piece's own bytes.
+      const std::uintptr_t fresh = r.value->end() - need;
+      bool clash = false;
+      for (std::size_t i = 0; i < m; ++i)
+        if (pieces[i].addr < fresh + need && fresh < pieces[i].addr + pieces[i].size) clash = true;
+      if (clash) return nullptr;  // cannot happen: new bytes were a hole
+      pieces[m++] = {fresh, need};
+      got += need;
+    }
+    void* p = build(std::span(pieces.data(), m), size, requested, s, shortfall ? fit_state::s4_shortfall : fit_state::s3_stitch);
+    return p;
+  }
+
+  /// Maps the pieces side by side into a new reservation and claims the prefix.
+  void* build(std::span<const detail::stitch_piece> pieces, std::size_t size, std::size_t requested,
+              std::uint32_t s, fit_state st) noexcept {
+    std::size_t mapped = 0;
+    for (const auto& p : pieces) mapped += chunk_span(p) * chunk_;
+    auto* b = new (std::nothrow) stitch_block;
+    if (b == nullptr) return nullptr;
+    try {
+      b->pieces.assign(pieces.begin(), pieces.end());
+      b->claimed.assign(pieces.size(), nullptr);
+    } catch (...) {
+      delete b;
+      return nullptr;
+    }
+    auto va = backend_.reserve(mapped);
+    count(call::reserve);
+    if (!va) {
+      delete b;
+      return nullptr;
+    }
+    std::size_t done = 0;
+    errc failure = errc::ok;
+    for (const auto& p : pieces) {
+      const std::uintptr_t first = chunk_floor(p.addr);
+      for (std::size_t j = 0; j < chunk_span(p) && failure == errc::ok; ++j) {
+        failure = backend_.map(va.value + done, chunk_, large_.slot_of(first + j * chunk_).chunk);
+        count(call::map);
+        if (failure == errc::ok) done += chunk_;
+      }
+      if (failure != errc::ok) break;
+    }
+    if (failure == errc::ok) {
+      failure = backend_.set_access(va.value, mapped);
+      count(call::set_access);
+    }
+    if (failure != errc::ok) {  // roll back
+      for (std::size_t off = 0; off < done; off += chunk_) (void)backend_.unmap(va.value + off, chunk_);
+      count(call::unmap, done / chunk_);
+      (void)backend_.address_free(va.value, mapped);
+      count(call::address_free);
+      delete b;
+      return nullptr;
+    }
+    for (const auto& p : pieces) {
+      const std::uintptr_t first = chunk_floor(p.addr);
+      for (std::size_t j = 0; j < chunk_span(p); ++j) ++large_.slot_of(first + j * chunk_).stitch_refs;
+      b->capacity += p.size;
+    }
+    b->va = va.value;
+    b->mapped = mapped;
+    b->pointer = va.value + (pieces.front().addr - chunk_floor(pieces.front().addr));
+    by_pointer_.insert(*b);
+    stats_.stitched_blocks.add(1);
+    stats_.mapped_bytes.add(static_cast<std::int64_t>(mapped));
+    const bool ok = activate(*b, size, requested, s, st);
+    GMLAKE_ASSERT(ok, "a new stitched block's pieces are free");
+    (void)ok;
+    return reinterpret_cast<void*>(b->pointer);
+  }
+
+  [[nodiscard]] std::uintptr_t chunk_floor(std::uintptr_t a) const noexcept {
+    return round_down(a - large_base_, chunk_) + large_base_;
+  }
+  [[nodiscard]] std::size_t chunk_span(const detail::stitch_piece& p) const noexcept {
+    return (round_up(p.addr + p.size - large_base_, chunk_) - round_down(p.addr - large_base_, chunk_)) / chunk_;
+  }
+
+  // ------------------------------------------------------------ free
+
+  void deallocate_locked(std::uintptr_t p, std::size_t bytes, stream_type stream) noexcept {
+    std::uint32_t s = 0;
+    if (!streams_.index_of(stream, s)) {
+      (void)streams_.wait_all();  // no room to tag it: make every stream's work done instead
+    }
+    for (arena_type* a : {&small_, &large_}) {
+      if (!a->contains(p)) continue;
+      range* r = a->starting_at(p);
+      if (r == nullptr || r->state != detail::range_state::used || r->owner != nullptr) {
+        invalid_free(r != nullptr && r->is_free() ? "double free" : "free of a pointer not allocated here", p);
+        return;
+      }
+      if (bytes != 0 && bytes != r->requested) misuse("free with a size other than the one allocated", reinterpret_cast<void*>(p));
+      on_freed(r->requested, r->size);
+      a->release(*r, streams_.on_free(s));
+      debug_check();
+      return;
+    }
+    auto it = by_pointer_.find(p);
+    if (it == by_pointer_.end() || !it->in_use) {
+      invalid_free(it == by_pointer_.end() ? "free of a pointer not allocated here" : "double free", p);
+      return;
+    }
+    stitch_block& b = *it;
+    if (bytes != 0 && bytes != b.requested) misuse("free with a size other than the one allocated", reinterpret_cast<void*>(p));
+    on_freed(b.requested, b.active);
+    const detail::stream_tag tag = streams_.on_free(s);
+    for (std::size_t i = 0; i < b.claimed_count; ++i) large_.release(*b.claimed[i], tag);
+    b.claimed_count = 0;
+    b.in_use = false;
+    b.tag = tag;
+    b.last_use = ++clock_;
+    b.cached = true;
+    cache_.insert(b);
+    lru_.push_back(b);
+    cached_bytes_ += b.mapped;
+    evict_over_capacity();
+    debug_check();
+  }
+
+  void invalid_free(const char* what, std::uintptr_t p) noexcept {
+    ++stats_.invalid_frees;
+    misuse(what, reinterpret_cast<void*>(p));
+  }
+
+  void on_freed(std::size_t requested, std::size_t size) noexcept {
+    stats_.requested_bytes.sub(static_cast<std::int64_t>(requested));
+    stats_.active_bytes.sub(static_cast<std::int64_t>(size));
+    stats_.allocations.sub(1);
+  }
+
+  // ------------------------------------------------------------ eviction and release
+
+  [[nodiscard]] stitch_cache_view cache_view() const noexcept {
+    return {lru_.size(), cached_bytes_, static_cast<std::size_t>(stats_.mapped_bytes.current)};
+  }
+
+  void evict_over_capacity() noexcept {
+    while (!lru_.empty() && evict_.over_capacity(cache_view())) {
+      stitch_block& oldest = lru_.front();
+      stitch_block& largest = *cache_.rbegin();
+      stitch_block& victim = evict_.prefer_oldest({oldest.mapped, oldest.last_use}, {largest.mapped, largest.last_use})
+                                 ? oldest
+                                 : largest;
+      if (!unmap_stitch(victim, false)) break;
+      ++stats_.evictions;
+    }
+  }
+
+  /// Unmaps a stitched block and frees its reservation, after its stream work is
+  /// done. `force`: also a block in use (the allocator is going away).
+  bool unmap_stitch(stitch_block& b, bool force) noexcept {
+    if (b.in_use && !force) return false;
+    if (!b.in_use && !streams_.wait(b.tag)) return false;
+    if (backend_.unmap(b.va, b.mapped) != errc::ok) {
+      count(call::unmap, b.mapped / chunk_);
+      if (!force) return false;
+    } else {
+      count(call::unmap, b.mapped / chunk_);
+    }
+    (void)backend_.address_free(b.va, b.mapped);
+    count(call::address_free);
+    for (const auto& p : b.pieces) {
+      const std::uintptr_t first = chunk_floor(p.addr);
+      for (std::size_t j = 0; j < chunk_span(p); ++j) --large_.slot_of(first + j * chunk_).stitch_refs;
+    }
+    if (b.cached) {
+      cache_.erase(cache_.iterator_to(b));
+      lru_.erase(lru_.iterator_to(b));
+      cached_bytes_ -= b.mapped;
+    }
+    if (b.in_use) {
+      for (std::size_t i = 0; i < b.claimed_count; ++i) b.claimed[i]->owner = nullptr;
+    }
+    by_pointer_.erase(by_pointer_.iterator_to(b));
+    stats_.stitched_blocks.sub(1);
+    stats_.mapped_bytes.sub(static_cast<std::int64_t>(b.mapped));
+    delete &b;
+    return true;
+  }
+
+  std::size_t release_cached_locked() noexcept {
+    while (!lru_.empty())
+      if (!unmap_stitch(lru_.front(), false)) break;
+    (void)streams_.wait_all();
+    small_.coalesce_all();
+    large_.coalesce_all();
+    const std::size_t released = small_.release_free_chunks() + large_.release_free_chunks();
+    debug_check();
+    return released;
+  }
+
+  // ------------------------------------------------------------ invariants
+
+  bool check_locked() const noexcept {
+    std::size_t reserved = 0, used = 0, live = 0;
+    if (!small_.check(reserved, used, live) || !large_.check(reserved, used, live)) return false;
+    if (static_cast<std::int64_t>(reserved) != stats_.reserved_bytes.current) return false;
+    std::size_t stitch_mapped = 0, cached = 0, cached_bytes = 0;
+    for (const stitch_block& b : by_pointer_) {
+      stitch_mapped += b.mapped;
+      if (b.in_use) {
+        ++live;
+        std::size_t sum = 0;
+        for (std::size_t i = 0; i < b.claimed_count; ++i) {
+          if (b.claimed[i]->owner != &b || b.claimed[i]->state != detail::range_state::used) return false;
+          sum += b.claimed[i]->size;
+        }
+        if (sum != b.active || b.cached) return false;
+      } else {
+        if (!b.cached) return false;
+        ++cached;
+        cached_bytes += b.mapped;
+      }
+    }
+    if (cached != lru_.size() || cached != cache_.size() || cached_bytes != cached_bytes_) return false;
+    if (static_cast<std::int64_t>(used) != stats_.active_bytes.current) return false;
+    if (static_cast<std::int64_t>(live) != stats_.allocations.current) return false;
+    if (static_cast<std::int64_t>(reserved + stitch_mapped) != stats_.mapped_bytes.current) return false;
+    if (static_cast<std::int64_t>(by_pointer_.size()) != stats_.stitched_blocks.current) return false;
+    return true;
+  }
+
+  Backend backend_;
+  options opt_;
+  [[no_unique_address]] Stitch stitch_;
+  [[no_unique_address]] Evict evict_;
+  [[no_unique_address]] Fit fit_;
+  std::size_t chunk_;
+  statistics stats_;
+  detail::node_pool<range> nodes_;
+  detail::stream_table<Backend> streams_;
+  arena_type small_;
+  arena_type large_;
+  std::uintptr_t large_base_ = 0;
+  detail::stitch_by_pointer by_pointer_;
+  detail::stitch_cache cache_;
+  detail::stitch_lru lru_;
+  std::size_t cached_bytes_ = 0;
+  std::uint64_t clock_ = 0;
+  std::array<stitch_candidate, max_candidates> candidates_{};
+  std::array<detail::stitch_piece, max_candidates + 1> pieces_{};
+  mutable std::mutex mutex_;
+};
+
+} // namespace gmlake

@@ -1,0 +1,489 @@
+// gmlake/detail/arena.hpp - one virtual address range, tiled by ranges, with
+// physical chunks mapped under every byte that is not a hole.
+//
+// The arena is where physical memory lives: each chunk is mapped exactly once
+// here, at its slot, and stays mapped until it is released. Free and used ranges
+// are placed at 512-byte granularity inside and across chunks (split and
+// coalesce, as a best-fit caching allocator does). Stitched blocks elsewhere map
+// the same chunks again; a slot's `stitch_refs` counts those mappings, and a chunk
+// with any is never released.
+//
+// All member functions are noexcept. Those that can fail say so by value and
+// leave the arena as it was. Pre for every mutation: the caller holds the
+// allocator's lock and has reserved the nodes it asks for.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../concepts.hpp"
+#include "../stats.hpp"
+#include "node_pool.hpp"
+#include "range.hpp"
+#include "stream_table.hpp"
+
+namespace gmlake::detail {
+
+template <PhysicalBackend Backend>
+class arena {
+ public:
+  using chunk_type = typename Backend::chunk_type;
+
+  struct slot {
+    chunk_type chunk{};
+    std::uint32_t stitch_refs = 0;  ///< stitched blocks mapping this chunk
+    bool mapped = false;
+  };
+
+  /// Where growth may add the missing bytes next to a free range.
+  struct extension {
+    range* neighbour = nullptr;  ///< the free range that grows
+    range* hole = nullptr;       ///< the hole beside it that gives the address space
+    std::size_t bytes = 0;       ///< new chunk bytes
+    bool after = true;           ///< new chunks after `neighbour` (else before)
+  };
+
+  arena(Backend& backend, node_pool<range>& nodes, stream_table<Backend>& streams, statistics& stats,
+        std::size_t chunk) noexcept
+      : backend_(backend), nodes_(nodes), streams_(streams), stats_(stats), chunk_(chunk) {}
+  arena(const arena&) = delete;
+  arena& operator=(const arena&) = delete;
+
+  /// Reserves `va_bytes` of address space, all one hole.
+  [[nodiscard]] errc open(std::size_t va_bytes) noexcept {
+    va_bytes = round_up(va_bytes, chunk_);
+    if (!nodes_.reserve(1)) return errc::out_of_memory;
+    auto va = backend_.reserve(va_bytes);
+    count(call::reserve);
+    if (!va) return va.error;
+    base_ = va.value;
+    size_ = va_bytes;
+    range* h = nodes_.take();
+    h->addr = base_;
+    h->size = size_;
+    h->state = range_state::hole;
+    address_.insert(*h);
+    holes_.insert(*h);
+    return errc::ok;
+  }
+
+  /// Unmaps and releases every chunk and gives the address space back. Pre: no
+  /// stitched block maps any chunk. Live ranges are dropped (their memory goes).
+  void close() noexcept {
+    if (size_ == 0) return;
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      if (!slots_[i].mapped) continue;
+      const std::uintptr_t va = base_ + i * chunk_;
+      (void)backend_.unmap(va, chunk_);
+      count(call::unmap);
+      (void)backend_.release(slots_[i].chunk);
+      count(call::release);
+      forget_chunk(slots_[i]);
+    }
+    free_.clear();
+    holes_.clear();
+    address_.clear_and_dispose([this](range* r) { nodes_.give(r); });
+    (void)backend_.address_free(base_, size_);
+    count(call::address_free);
+    size_ = 0;
+  }
+
+  // ------------------------------------------------------------ lookup
+
+  [[nodiscard]] bool contains(std::uintptr_t p) const noexcept { return p - base_ < size_; }
+  [[nodiscard]] std::size_t chunk_size() const noexcept { return chunk_; }
+  [[nodiscard]] std::uintptr_t base() const noexcept { return base_; }
+  [[nodiscard]] const free_index& free_ranges() const noexcept { return free_; }
+  [[nodiscard]] std::size_t free_count() const noexcept { return free_.size(); }
+
+  /// The range that starts at p, or nullptr.
+  [[nodiscard]] range* starting_at(std::uintptr_t p) noexcept {
+    auto it = address_.find(p);
+    return it == address_.end() ? nullptr : &*it;
+  }
+  /// The range that holds byte p. Pre: contains(p).
+  [[nodiscard]] range& holding(std::uintptr_t p) noexcept {
+    auto it = address_.upper_bound(p);
+    return *--it;
+  }
+  [[nodiscard]] slot& slot_of(std::uintptr_t p) noexcept { return slots_[(p - base_) / chunk_]; }
+
+  /// Bytes of whole chunks inside r, and the bytes before and after them.
+  struct chunk_split {
+    std::size_t head, whole, tail;
+  };
+  [[nodiscard]] chunk_split split_of(const range& r) const noexcept {
+    const std::uintptr_t lo = base_ + round_up(r.addr - base_, chunk_);
+    const std::uintptr_t hi = base_ + round_down(r.end() - base_, chunk_);
+    if (hi <= lo) return {r.size, 0, 0};
+    return {lo - r.addr, hi - lo, r.end() - hi};
+  }
+
+  // ------------------------------------------------------------ placing
+
+  /// Marks [addr, addr+size) of the free range f used; the bytes around it stay
+  /// free. Needs 2 nodes. Returns the used range.
+  range& carve(range& f, std::uintptr_t addr, std::size_t size) noexcept {
+    GMLAKE_ASSERT(f.is_free() && addr >= f.addr && addr + size <= f.end(), "carve outside a free range");
+    free_.erase(free_.iterator_to(f));
+    const std::uintptr_t f_addr = f.addr, f_end = f.end();
+    f.addr = addr;
+    f.size = size;
+    f.state = range_state::used;
+    if (addr > f_addr) {
+      range* before = make(f_addr, addr - f_addr, range_state::free, f.segment, f.tag);
+      address_.insert_before(address_.iterator_to(f), *before);
+      free_.insert(*before);
+    }
+    if (addr + size < f_end) {
+      range* after = make(addr + size, f_end - (addr + size), range_state::free, f.segment, f.tag);
+      address_.insert_before(std::next(address_.iterator_to(f)), *after);
+      free_.insert(*after);
+    }
+    return f;
+  }
+
+  /// Frees the used range u with tag t and coalesces it with its free neighbours
+  /// of the same segment where the stream rules allow. Returns the free range.
+  range& release(range& u, stream_tag t) noexcept {
+    u.state = range_state::free;
+    u.tag = t;
+    u.owner = nullptr;
+    u.requested = 0;
+    return settle(u);
+  }
+
+  // ------------------------------------------------------------ growth
+
+  /// Finds where `size` bytes fit by growing a free range (usable by the caller)
+  /// into the hole beside it: the largest such free range, so the fewest new bytes.
+  template <class Usable>
+  [[nodiscard]] bool find_extension(std::size_t size, const Usable& usable, extension& out) noexcept {
+    bool found = false;
+    for (range& h : holes_) {
+      auto it = address_.iterator_to(h);
+      if (it != address_.begin()) {
+        range& f = *std::prev(it);
+        consider(f, h, true, size, usable, found, out);
+      }
+      if (auto next = std::next(it); next != address_.end()) consider(*next, h, false, size, usable, found, out);
+    }
+    return found;
+  }
+
+  /// Maps new chunks as e says. Needs 2 nodes. Returns the free range that now
+  /// holds the neighbour and the new bytes.
+  [[nodiscard]] result<range*> extend(const extension& e) noexcept {
+    const std::uintptr_t at = e.after ? e.hole->addr : e.hole->end() - e.bytes;
+    return populate(*e.hole, at, e.bytes, e.neighbour->segment);
+  }
+
+  /// Maps `bytes` of new chunks at the start of the smallest hole that holds them,
+  /// as a free range of `segment`. Needs 2 nodes.
+  [[nodiscard]] result<range*> grow(std::size_t bytes, std::uint32_t segment) noexcept {
+    auto it = holes_.lower_bound(size_key{bytes}, size_key_less{});
+    if (it == holes_.end()) return errc::out_of_memory;  // address space exhausted
+    return populate(*it, it->addr, bytes, segment);
+  }
+
+  /// Unmaps and releases every chunk wholly inside a free range whose stream work is
+  /// known done and that no stitched block maps. Returns the bytes released.
+  std::size_t release_free_chunks() noexcept {
+    std::size_t released = 0;
+    for (auto it = address_.begin(); it != address_.end();) {
+      range& r = *it;
+      ++it;
+      if (!r.is_free() || !streams_.known_done(r.tag)) continue;
+      released += release_chunks_in(r, it);
+    }
+    return released;
+  }
+
+  /// Coalesces every pair of adjacent free ranges the stream rules now allow.
+  void coalesce_all() noexcept {
+    for (auto it = address_.begin(); it != address_.end();) {
+      range& r = *it;
+      if (!r.is_free()) {
+        ++it;
+        continue;
+      }
+      free_.erase(free_.iterator_to(r));
+      range& s = settle(r);
+      it = std::next(address_.iterator_to(s));
+    }
+  }
+
+  [[nodiscard]] std::uint32_t new_segment() noexcept { return ++segments_; }
+
+  /// Every stated property of the tiling, the indexes and the slots.
+  [[nodiscard]] bool check(std::size_t& reserved, std::size_t& used, std::size_t& live) const noexcept {
+    if (size_ == 0) return true;
+    std::uintptr_t at = base_;
+    std::size_t nfree = 0, nholes = 0;
+    const range* prev = nullptr;
+    for (const range& r : address_) {
+      if (r.addr != at || r.size == 0) return false;
+      at = r.end();
+      if (r.addr % block_alignment != 0 || r.size % block_alignment != 0) return false;
+      if (r.state == range_state::hole) {
+        ++nholes;
+        if ((r.addr - base_) % chunk_ != 0 || r.size % chunk_ != 0) return false;
+        if (prev && prev->state == range_state::hole) return false;  // holes coalesce always
+        for (std::uintptr_t c = r.addr; c < r.end(); c += chunk_) {
+          const std::size_t i = (c - base_) / chunk_;
+          if (i < slots_.size() && slots_[i].mapped) return false;
+        }
+      } else {
+        for (std::uintptr_t c = round_down(r.addr - base_, chunk_) + base_; c < r.end(); c += chunk_) {
+          const std::size_t i = (c - base_) / chunk_;
+          if (i >= slots_.size() || !slots_[i].mapped) return false;
+        }
+        if (r.is_free()) {
+          ++nfree;
+          if (prev && prev->is_free() && prev->segment == r.segment && prev->tag.stream == r.tag.stream)
+            return false;  // should have coalesced
+        } else {
+          used += r.size;
+          if (r.owner == nullptr) ++live;
+        }
+      }
+      prev = &r;
+    }
+    if (at != base_ + size_ || nfree != free_.size() || nholes != holes_.size()) return false;
+    for (const range& r : free_)
+      if (!r.is_free()) return false;
+    for (const range& r : holes_)
+      if (r.state != range_state::hole) return false;
+    for (const slot& s : slots_)
+      if (s.mapped) reserved += chunk_;
+    return true;
+  }
+
+ private:
+  void count(call c) noexcept { ++stats_.calls[static_cast<std::size_t>(c)]; }
+
+  range* make(std::uintptr_t addr, std::size_t size, range_state st, std::uint32_t seg, stream_tag t) noexcept {
+    range* r = nodes_.take();
+    r->addr = addr;
+    r->size = size;
+    r->state = st;
+    r->segment = seg;
+    r->tag = t;
+    return r;
+  }
+
+  /// r is free and in no index but the address one: merge it with its neighbours
+  /// where allowed, then index it.
+  range& settle(range& r) noexcept {
+    auto it = address_.iterator_to(r);
+    if (it != address_.begin()) {
+      range& p = *std::prev(it);
+      stream_tag t;
+      if (p.is_free() && p.segment == r.segment && streams_.merge(p.tag, r.tag, t)) {
+        free_.erase(free_.iterator_to(p));
+        address_.erase(address_.iterator_to(p));
+        r.addr = p.addr;
+        r.size += p.size;
+        r.tag = t;
+        nodes_.give(&p);
+      }
+    }
+    if (auto next = std::next(address_.iterator_to(r)); next != address_.end()) {
+      range& n = *next;
+      stream_tag t;
+      if (n.is_free() && n.segment == r.segment && streams_.merge(r.tag, n.tag, t)) {
+        free_.erase(free_.iterator_to(n));
+        address_.erase(next);
+        r.size += n.size;
+        r.tag = t;
+        nodes_.give(&n);
+      }
+    }
+    free_.insert(r);
+    return r;
+  }
+
+  template <class Usable>
+  void consider(range& f, range& h, bool after, std::size_t size, const Usable& usable, bool& found,
+                extension& out) noexcept {
+    if (!f.is_free() || f.size >= size || !usable(f)) return;
+    const std::size_t bytes = round_up(size - f.size, chunk_);
+    if (bytes > h.size) return;
+    if (!found || f.size > out.neighbour->size) {
+      out = {&f, &h, bytes, after};
+      found = true;
+    }
+  }
+
+  /// Creates and maps bytes/chunk chunks at [at, at+bytes) inside hole h, makes
+  /// them accessible, and turns that part of h into a free range. On failure undoes
+  /// every step and leaves h as it was.
+  result<range*> populate(range& h, std::uintptr_t at, std::size_t bytes, std::uint32_t segment) noexcept {
+    GMLAKE_ASSERT(h.state == range_state::hole && at >= h.addr && at + bytes <= h.end(), "populate outside a hole");
+    const std::size_t first = (at - base_) / chunk_, n = bytes / chunk_;
+    if (first + n > slots_.size()) {
+      try {
+        slots_.resize(std::max(first + n, slots_.size() + slots_.size() / 2));
+      } catch (...) {
+        return errc::out_of_memory;
+      }
+    }
+    std::size_t created = 0, mapped = 0;
+    errc failure = errc::ok;
+    for (; created < n; ++created) {
+      auto c = backend_.create(chunk_);
+      count(call::create);
+      if (!c) {
+        failure = c.error;
+        break;
+      }
+      slots_[first + created].chunk = c.value;
+    }
+    if (failure == errc::ok) {
+      for (; mapped < n; ++mapped) {
+        const errc e = backend_.map(at + mapped * chunk_, chunk_, slots_[first + mapped].chunk);
+        count(call::map);
+        if (e != errc::ok) {
+          failure = e;
+          break;
+        }
+      }
+    }
+    if (failure == errc::ok) {
+      failure = backend_.set_access(at, bytes);
+      count(call::set_access);
+    }
+    if (failure != errc::ok) {  // roll back, in reverse
+      if (mapped > 0) {
+        for (std::size_t i = 0; i < mapped; ++i) (void)backend_.unmap(at + i * chunk_, chunk_);
+        stats_.calls[static_cast<std::size_t>(call::unmap)] += mapped;
+      }
+      for (std::size_t i = 0; i < created; ++i) {
+        (void)backend_.release(slots_[first + i].chunk);
+        count(call::release);
+        slots_[first + i].chunk = chunk_type{};
+      }
+      return failure;
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      slots_[first + i].mapped = true;
+      slots_[first + i].stitch_refs = 0;
+    }
+    stats_.chunks.add(static_cast<std::int64_t>(n));
+    stats_.reserved_bytes.add(static_cast<std::int64_t>(bytes));
+    stats_.mapped_bytes.add(static_cast<std::int64_t>(bytes));
+
+    // Split the hole: the new range takes its start or its end.
+    holes_.erase(holes_.iterator_to(h));
+    range* fresh = make(at, bytes, range_state::used, segment, stream_tag{});
+    if (bytes == h.size) {
+      address_.insert_before(address_.iterator_to(h), *fresh);
+      address_.erase(address_.iterator_to(h));
+      nodes_.give(&h);
+    } else if (at == h.addr) {
+      h.addr += bytes;
+      h.size -= bytes;
+      address_.insert_before(address_.iterator_to(h), *fresh);
+      holes_.insert(h);
+    } else {
+      h.size -= bytes;
+      address_.insert_before(std::next(address_.iterator_to(h)), *fresh);
+      holes_.insert(h);
+    }
+    return &release(*fresh, stream_tag{});
+  }
+
+  /// Releases the runs of unpinned whole chunks inside free range r; `next` is
+  /// the iterator the caller continues from (kept valid).
+  std::size_t release_chunks_in(range& r, typename address_index::iterator& next) noexcept {
+    std::size_t released = 0;
+    range* cur = &r;
+    while (true) {
+      const auto sp = split_of(*cur);
+      if (sp.whole == 0) break;
+      std::uintptr_t a = cur->addr + sp.head;
+      const std::uintptr_t hi = a + sp.whole;
+      while (a < hi && slot_of(a).stitch_refs != 0) a += chunk_;
+      if (a >= hi) break;
+      std::uintptr_t b = a;
+      while (b < hi && slot_of(b).stitch_refs == 0) b += chunk_;
+      if (!nodes_.reserve(2)) break;
+      if (backend_.unmap(a, b - a) != errc::ok) {
+        count(call::unmap);
+        break;
+      }
+      count(call::unmap);
+      for (std::uintptr_t c = a; c < b; c += chunk_) {
+        slot& s = slot_of(c);
+        (void)backend_.release(s.chunk);
+        count(call::release);
+        forget_chunk(s);
+      }
+      released += b - a;
+      // [cur.addr, a) stays free, [a, b) becomes a hole, [b, cur.end) stays free.
+      cur = carve_hole(*cur, a, b);
+      if (cur->state == range_state::hole) break;
+    }
+    // The caller's iterator may point at a node merged away: continue after cur.
+    next = std::next(address_.iterator_to(*cur));
+    return released;
+  }
+
+  void forget_chunk(slot& s) noexcept {
+    s.mapped = false;
+    s.stitch_refs = 0;
+    s.chunk = chunk_type{};
+    stats_.chunks.sub(1);
+    stats_.reserved_bytes.sub(static_cast<std::int64_t>(chunk_));
+    stats_.mapped_bytes.sub(static_cast<std::int64_t>(chunk_));
+  }
+
+  /// Turns [a, b) of free range f into a hole (merged with hole neighbours).
+  /// Returns the free range after it, or the hole if nothing follows. Needs 2 nodes.
+  range* carve_hole(range& f, std::uintptr_t a, std::uintptr_t b) noexcept {
+    range& mid = carve(f, a, b - a);
+    mid.state = range_state::hole;
+    mid.segment = 0;
+    mid.tag = {};
+    range* after = nullptr;
+    auto it = address_.iterator_to(mid);
+    if (auto n = std::next(it); n != address_.end() && n->is_free() && n->addr == b) after = &*n;
+    // merge with neighbouring holes
+    if (it != address_.begin()) {
+      range& p = *std::prev(it);
+      if (p.state == range_state::hole) {
+        holes_.erase(holes_.iterator_to(p));
+        address_.erase(address_.iterator_to(p));
+        mid.addr = p.addr;
+        mid.size += p.size;
+        nodes_.give(&p);
+      }
+    }
+    if (auto n = std::next(address_.iterator_to(mid)); n != address_.end() && n->state == range_state::hole) {
+      range& q = *n;
+      holes_.erase(holes_.iterator_to(q));
+      address_.erase(n);
+      mid.size += q.size;
+      nodes_.give(&q);
+    }
+    holes_.insert(mid);
+    return after ? after : &mid;
+  }
+
+  Backend& backend_;
+  node_pool<range>& nodes_;
+  stream_table<Backend>& streams_;
+  statistics& stats_;
+  std::size_t chunk_;
+  std::uintptr_t base_ = 0;
+  std::size_t size_ = 0;
+  std::uint32_t segments_ = 0;
+  address_index address_;
+  free_index free_;
+  free_index holes_;
+  std::vector<slot> slots_;
+};
+
+} // namespace gmlake::detail

@@ -1,0 +1,145 @@
+// gmlake/detail/stream_table.hpp - which freed bytes each stream may reuse.
+//
+// A range freed on stream s carries the tag {s, q}: s's q-th free. It is reusable
+// at once on s (stream order), and on another stream once an event recorded on s
+// after that free has completed. Events are recorded lazily, only when another
+// stream asks, and one per stream at a time: a later event on s covers every
+// earlier free. A job with one stream never records an event.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../concepts.hpp"
+#include "../stats.hpp"
+#include "range.hpp"
+
+namespace gmlake::detail {
+
+template <PhysicalBackend Backend>
+class stream_table {
+ public:
+  using stream_type = typename Backend::stream_type;
+  using event_type = typename Backend::event_type;
+
+  stream_table(Backend& backend, statistics& stats) : backend_(backend), stats_(stats) {
+    entries_.push_back(entry{});  // index 0: the default stream
+  }
+  stream_table(const stream_table&) = delete;
+  stream_table& operator=(const stream_table&) = delete;
+  ~stream_table() {
+    for (auto& e : entries_)
+      if (e.has_event) backend_.destroy(e.event);
+  }
+
+  /// The index of stream s, adding it if new. False only if memory ran out.
+  [[nodiscard]] bool index_of(stream_type s, std::uint32_t& out) noexcept {
+    if (entries_[last_].stream == s) {
+      out = last_;
+      return true;
+    }
+    for (std::uint32_t i = 0; i < entries_.size(); ++i) {
+      if (entries_[i].stream == s) {
+        out = last_ = i;
+        return true;
+      }
+    }
+    try {
+      entries_.push_back(entry{s});
+    } catch (...) {
+      return false;
+    }
+    out = last_ = static_cast<std::uint32_t>(entries_.size() - 1);
+    return true;
+  }
+
+  [[nodiscard]] stream_type stream_at(std::uint32_t i) const noexcept { return entries_[i].stream; }
+
+  /// The tag of a free on stream i, now.
+  [[nodiscard]] stream_tag on_free(std::uint32_t i) noexcept { return {i, ++entries_[i].freed}; }
+
+  /// True if the work before tag t's free is known to be done (no driver call).
+  [[nodiscard]] bool known_done(stream_tag t) const noexcept {
+    return t.seq <= entries_[t.stream].done;
+  }
+
+  /// May a range tagged t be used on stream i now? Queries (and if needed records)
+  /// an event on t's stream.
+  [[nodiscard]] bool usable(stream_tag t, std::uint32_t i) noexcept {
+    if (t.stream == i || known_done(t)) return true;
+    entry& e = entries_[t.stream];
+    if (!e.has_event || e.event_seq < t.seq) {
+      if (!record(e)) return false;
+    }
+    auto done = backend_.query(e.event);
+    if (!done || !done.value) return false;
+    complete(e);
+    return true;
+  }
+
+  /// Waits until the work before tag t's free is done. False on a backend failure.
+  [[nodiscard]] bool wait(stream_tag t) noexcept {
+    if (known_done(t)) return true;
+    entry& e = entries_[t.stream];
+    if (!e.has_event || e.event_seq < t.seq) {
+      if (!record(e)) return false;
+    }
+    if (backend_.synchronize(e.event) != errc::ok) return false;
+    complete(e);
+    return true;
+  }
+
+  /// Waits for every stream's frees so far. False on a backend failure.
+  [[nodiscard]] bool wait_all() noexcept {
+    bool ok = true;
+    for (std::uint32_t i = 0; i < entries_.size(); ++i)
+      ok = wait({i, entries_[i].freed}) && ok;
+    return ok;
+  }
+
+  /// The tag of a range made of two adjacent free ranges, or false if they must
+  /// stay apart (freed on different streams, both with work pending).
+  [[nodiscard]] bool merge(stream_tag a, stream_tag b, stream_tag& out) const noexcept {
+    if (known_done(a)) out = b;
+    else if (known_done(b)) out = a;
+    else if (a.stream == b.stream) out = a.seq >= b.seq ? a : b;
+    else return false;
+    return true;
+  }
+
+  [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
+
+ private:
+  struct entry {
+    stream_type stream{};
+    std::uint64_t freed = 0;      ///< frees on this stream so far
+    std::uint64_t done = 0;       ///< frees known complete
+    std::uint64_t event_seq = 0;  ///< frees the pending event covers
+    event_type event{};
+    bool has_event = false;
+  };
+
+  bool record(entry& e) noexcept {
+    auto ev = backend_.record(e.stream);
+    ++stats_.calls[static_cast<std::size_t>(call::record)];
+    if (!ev) return false;
+    if (e.has_event) backend_.destroy(e.event);
+    e.event = ev.value;
+    e.event_seq = e.freed;
+    e.has_event = true;
+    return true;
+  }
+  void complete(entry& e) noexcept {
+    if (e.event_seq > e.done) e.done = e.event_seq;
+    backend_.destroy(e.event);
+    e.has_event = false;
+  }
+
+  Backend& backend_;
+  statistics& stats_;
+  std::vector<entry> entries_;
+  std::uint32_t last_ = 0;
+};
+
+} // namespace gmlake::detail

@@ -1,0 +1,112 @@
+// gmlake/policy/stitch.hpp - StitchPolicy models: whether, how and when to stitch.
+//
+// The allocator offers the largest usable free ranges as candidates (largest
+// first); a policy picks the pieces and their order. Only whole chunks are
+// stitched: the first piece may also bring its head (bytes before its first chunk
+// boundary), the last its tail. A policy that returns pieces short of `need`
+// leaves the rest to S4 (new chunks), if `create_shortfall()` allows it.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+
+#include "../concepts.hpp"
+
+namespace gmlake::policy {
+
+namespace detail_stitch {
+/// Puts the piece with the largest head first and, of the others, the one with the
+/// largest tail last, so the stitch uses as many of the edge bytes as it can.
+inline void order_edges(std::span<stitch_candidate> c, std::size_t k) noexcept {
+  if (k < 2) return;
+  auto first = std::max_element(c.begin(), c.begin() + k,
+                                [](const auto& a, const auto& b) { return a.head < b.head; });
+  std::iter_swap(c.begin(), first);
+  auto last = std::max_element(c.begin() + 1, c.begin() + k,
+                               [](const auto& a, const auto& b) { return a.tail < b.tail; });
+  std::iter_swap(c.begin() + (k - 1), last);
+}
+} // namespace detail_stitch
+
+/// Stitching off: the allocator is a plain best-fit caching allocator with
+/// coalescing, each new segment created whole. This is the `bfc` baseline.
+struct no_stitch {
+  bool stitches(std::size_t) const noexcept { return false; }
+  std::size_t max_pieces() const noexcept { return 0; }
+  std::size_t select(std::span<stitch_candidate>, std::size_t) const noexcept { return 0; }
+  bool create_shortfall() const noexcept { return false; }
+};
+static_assert(StitchPolicy<no_stitch>);
+
+/// No stitching, but growth extends a free range at its end (or start) by the
+/// shortfall only: PyTorch's expandable segments on one address range.
+struct expand_only {
+  bool stitches(std::size_t) const noexcept { return false; }
+  std::size_t max_pieces() const noexcept { return 0; }
+  std::size_t select(std::span<stitch_candidate>, std::size_t) const noexcept { return 0; }
+  bool create_shortfall() const noexcept { return true; }
+};
+static_assert(StitchPolicy<expand_only>);
+
+/// Fewest pieces (GMLake's largest first): take the largest candidates until the
+/// need is covered, at most `pieces` of them.
+struct largest_first {
+  std::size_t min_bytes = 0;     ///< stitch only requests of at least this size
+  std::size_t pieces = 16;       ///< cap on pieces per stitch
+  bool shortfall = true;         ///< S4 creates only the missing chunks
+
+  bool stitches(std::size_t bytes) const noexcept { return bytes >= min_bytes; }
+  std::size_t max_pieces() const noexcept { return pieces; }
+  bool create_shortfall() const noexcept { return shortfall; }
+
+  std::size_t select(std::span<stitch_candidate> c, std::size_t need) const noexcept {
+    const std::size_t n = std::min(c.size(), pieces);
+    std::partial_sort(c.begin(), c.begin() + n, c.end(),
+                      [](const auto& a, const auto& b) { return a.whole > b.whole; });
+    std::size_t k = 0, got = 0;
+    while (k < n && got < need) got += c[k++].whole;
+    detail_stitch::order_edges(c, k);
+    return k;
+  }
+};
+static_assert(StitchPolicy<largest_first>);
+
+/// Best-fitting last piece: take the largest candidates while none of them covers
+/// what is left on its own; then close with the smallest one that does. Keeps large
+/// free ranges whole for later requests and overshoots the least.
+struct best_fit_pieces {
+  std::size_t min_bytes = 0;
+  std::size_t pieces = 16;
+  bool shortfall = true;
+
+  bool stitches(std::size_t bytes) const noexcept { return bytes >= min_bytes; }
+  std::size_t max_pieces() const noexcept { return pieces; }
+  bool create_shortfall() const noexcept { return shortfall; }
+
+  std::size_t select(std::span<stitch_candidate> c, std::size_t need) const noexcept {
+    std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) { return a.whole > b.whole; });
+    std::size_t k = 0, got = 0;
+    while (k < c.size() && k < pieces && got < need) {
+      const std::size_t left = need - got;
+      // The smallest remaining candidate that closes the stitch (the list is sorted
+      // by size descending, so scan from the back of what is left).
+      std::size_t close = c.size();
+      for (std::size_t i = c.size(); i-- > k;) {
+        if (c[i].whole + c[i].tail >= left) { close = i; break; }
+      }
+      if (close != c.size()) {
+        std::swap(c[k], c[close]);
+        // keep the rest sorted for a later call: only order matters among the chosen
+        got += c[k++].whole;
+        break;
+      }
+      got += c[k++].whole;
+    }
+    detail_stitch::order_edges(c, k);
+    return k;
+  }
+};
+static_assert(StitchPolicy<best_fit_pieces>);
+
+} // namespace gmlake::policy

@@ -1,0 +1,64 @@
+// gmlake/stats.hpp - allocator statistics, shaped like torch.cuda.memory_stats().
+//
+// Plain aggregates; a snapshot is copied out under the allocator's lock.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+namespace gmlake {
+
+/// One gauge: its value now, its high-water mark, and the totals that moved it.
+struct stat {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  std::int64_t allocated = 0;  ///< sum of increases
+  std::int64_t freed = 0;      ///< sum of decreases
+
+  void add(std::int64_t n) noexcept {
+    current += n;
+    allocated += n;
+    if (current > peak) peak = current;
+  }
+  void sub(std::int64_t n) noexcept {
+    current -= n;
+    freed += n;
+  }
+  void reset_peak() noexcept { peak = current; }
+};
+
+/// BestFit outcome of a request (REFERENCE.md section 1).
+enum class fit_state : unsigned char {
+  s1_exact = 0,   ///< a free block or cached stitched block of exactly the size
+  s2_split,       ///< one larger free block, split
+  s3_stitch,      ///< free pieces stitched, no new memory
+  s4_shortfall,   ///< new chunks for the shortfall only (next to a free range or stitched)
+  s5_oom,         ///< nothing could serve it: out of memory
+};
+inline constexpr std::size_t fit_state_count = 5;
+
+/// Backend calls by kind (also counted by backend::counting with bytes).
+enum class call : unsigned char { reserve = 0, address_free, create, release, map, set_access, unmap, record, count_ };
+inline constexpr std::size_t call_count = static_cast<std::size_t>(call::count_);
+inline constexpr std::array<const char*, call_count> call_names = {
+    "reserve", "address_free", "create", "release", "map", "set_access", "unmap", "record"};
+
+struct statistics {
+  stat requested_bytes;   ///< bytes asked for by live allocations
+  stat active_bytes;      ///< bytes of live allocations as placed (512 B multiples)
+  stat reserved_bytes;    ///< physical bytes held from the backend (chunks)
+  stat mapped_bytes;      ///< virtual bytes mapped: arenas plus stitched blocks
+  stat chunks;            ///< physical chunks held
+  stat stitched_blocks;   ///< stitched blocks mapped (active or cached)
+  stat allocations;       ///< live allocations
+  std::array<std::uint64_t, fit_state_count> fit{};  ///< requests by BestFit state
+  std::array<std::uint64_t, call_count> calls{};     ///< backend calls by kind
+  std::uint64_t cached_stitch_hits = 0;  ///< S1 served by a cached stitched block
+  std::uint64_t evictions = 0;           ///< stitched blocks released by the eviction policy
+  std::uint64_t num_alloc_retries = 0;   ///< requests that released cache and retried
+  std::uint64_t num_ooms = 0;            ///< requests that failed
+  std::uint64_t invalid_frees = 0;       ///< deallocate of a pointer not live here (ignored)
+};
+
+} // namespace gmlake
