@@ -242,8 +242,10 @@ class arena {
         }
         if (r.is_free()) {
           ++nfree;
-          if (prev && prev->is_free() && prev->segment == r.segment && prev->tag.stream == r.tag.stream)
-            return false;  // should have coalesced
+          // Coalescing across streams is best effort (two ranges freed on different
+          // streams stay apart until release_cached), so adjacency is not checked.
+          if (prev && prev->is_free() && prev->tag.seq == 0 && r.tag.seq == 0 && prev->segment == r.segment)
+            return false;  // two clean ranges of one segment always coalesce
         } else {
           used += r.size;
           if (r.owner == nullptr) ++live;
