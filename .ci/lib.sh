@@ -83,16 +83,27 @@ ci_meson_test() {
   mkdir -p "$bdir/meson-logs"
   rm -f "$bdir/meson-logs/testlog.json" "$bdir/meson-logs/ci-totals"
   if ! ninja -C "$bdir" "${targets[@]}" >"$blog" 2>&1; then
-    echo "[ci] $label: build failed, last lines of ${blog#"$ci_root"/}:" >&2
-    tail -n 40 "$blog" >&2
+    echo "[ci] $label: build failed; full log: ${blog#"$ci_root"/}" >&2
+    grep -E -A6 'error:|FAILED:' "$blog" | head -n 40 >&2 || tail -n 30 "$blog" >&2
     echo "0 1" >"$bdir/meson-logs/ci-totals"
     return 1
   fi
   meson test -C "$bdir" --no-rebuild --print-errorlogs "$@" >"$tlog" 2>&1 || rc=$?
   ci_doctest_totals "$dir" "$label"
-  if [[ $rc -ne 0 ]]; then
-    echo "[ci] $label: meson test failed (rc $rc), last lines of ${tlog#"$ci_root"/}:" >&2
-    tail -n 60 "$tlog" >&2
-  fi
+  [[ $rc -eq 0 ]] || ci_show_failure "$tlog" "$label: meson test failed (rc $rc)"
   return $rc
+}
+
+# ci_show_failure LOG TITLE: prints the first failure in LOG (doctest's failed
+# test case or a sanitizer report) with some context, then the log's tail.
+ci_show_failure() {
+  local log=$1 first
+  echo "[ci] $2; full log: ${log#"$ci_root"/}" >&2
+  first=$(grep -n -m1 -E 'TEST CASE:|(ERROR|WARNING): [A-Za-z]+Sanitizer|runtime error:' "$log" | cut -d: -f1)
+  if [[ -n $first ]]; then
+    sed -n "$((first > 3 ? first - 3 : 1)),$((first + 30))p" "$log" >&2
+    tail -n "+$((first + 31))" "$log" | tail -n 12 >&2
+  else
+    tail -n 12 "$log" >&2
+  fi
 }

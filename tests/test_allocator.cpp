@@ -17,9 +17,19 @@
 namespace {
 
 using gmlake::call;
+using gmlake::backend::host_memfd;
+
+// counting<host_memfd> itself cannot be given to basic_allocator under clang 14:
+// basic_allocator's `basic_allocator() requires std::default_initializable<Backend>`
+// instantiates the noexcept-specification of counting's unconstrained variadic
+// constructor with no arguments, `noexcept(host_memfd())`, a hard error (GCC accepts
+// it). This subclass has no default constructor, so the check is false cleanly.
+struct counted_memfd : gmlake::backend::counting<host_memfd> {
+  counted_memfd(std::size_t capacity, std::size_t granularity)
+      : gmlake::backend::counting<host_memfd>(capacity, granularity) {}
+};
 using gmlake::fit_state;
 using gmlake::backend::counting;
-using gmlake::backend::host_memfd;
 using gmlake::backend::simulated;
 namespace policy = gmlake::policy;
 
@@ -45,14 +55,18 @@ gmlake::options opts() {
 std::uint64_t fit(const gmlake::statistics& s, fit_state f) { return s.fit[static_cast<std::size_t>(f)]; }
 std::int64_t reserved(const auto& a) { return a.stats().reserved_bytes.current; }
 
-void fill(void* p, std::size_t n, unsigned seed) {
-  auto* b = static_cast<unsigned char*>(p);
-  for (std::size_t i = 0; i < n; i += 64) b[i] = static_cast<unsigned char>(seed + i / 64 * 7);
+// One byte every 64, a hash of (seed, its index from `start`).
+unsigned char pat(unsigned seed, std::size_t k) {
+  return static_cast<unsigned char>(((seed * 1000003u + k) * 2654435761u) >> 24);
 }
-bool holds(const void* p, std::size_t n, unsigned seed) {
+void fill(void* p, std::size_t n, unsigned seed, std::size_t start = 0) {
+  auto* b = static_cast<unsigned char*>(p);
+  for (std::size_t i = 0; i < n; i += 64) b[i] = pat(seed, start + i / 64);
+}
+bool holds(const void* p, std::size_t n, unsigned seed, std::size_t start = 0) {
   const auto* b = static_cast<const unsigned char*>(p);
   for (std::size_t i = 0; i < n; i += 64)
-    if (b[i] != static_cast<unsigned char>(seed + i / 64 * 7)) return false;
+    if (b[i] != pat(seed, start + i / 64)) return false;
   return true;
 }
 
@@ -141,8 +155,8 @@ TEST_CASE_TEMPLATE("S3: non-adjacent free pieces", A, gmlake::gmlake_allocator<h
     const bool a_first = holds(f.p[0], 2 * C, 11);
     const bool c_first = holds(f.p[2], 2 * C, 11);
     CHECK(a_first != c_first);
-    if (a_first) CHECK(holds(f.p[2], 2 * C, static_cast<unsigned>(11 + 2 * C / 64 * 7)));
-    if (c_first) CHECK(holds(f.p[0], 2 * C, static_cast<unsigned>(11 + 2 * C / 64 * 7)));
+    if (a_first) CHECK(holds(f.p[2], 2 * C, 11, 2 * C / 64));
+    if (c_first) CHECK(holds(f.p[0], 2 * C, 11, 2 * C / 64));
     a.deallocate(x);
     // A' and C' land on A and C, with the stitched bytes in them.
     void* a2 = a.allocate(2 * C);
@@ -150,6 +164,7 @@ TEST_CASE_TEMPLATE("S3: non-adjacent free pieces", A, gmlake::gmlake_allocator<h
     CHECK(((a2 == f.p[0] && c2 == f.p[2]) || (a2 == f.p[2] && c2 == f.p[0])));
     CHECK(reserved(a) == s0.reserved_bytes.current);
     CHECK((holds(a2, 2 * C, 11) || holds(c2, 2 * C, 11)));
+    CHECK((holds(a2, 2 * C, 11, 2 * C / 64) || holds(c2, 2 * C, 11, 2 * C / 64)));
     a.deallocate(a2);
     a.deallocate(c2);
   } else {
@@ -246,11 +261,8 @@ TEST_CASE("S5: out of memory") {
   all_released(a);
 }
 
-// BUG: a cached stitched block reused by a later request (reuse_stitch -> activate)
-// leaves its bytes counted in cached_bytes_: check_invariants() is false afterwards
-// (at GMLAKE_DEBUG=2 the allocate aborts with "invariants broken").
-TEST_CASE("cached stitched block reuse: no new mappings" * doctest::skip()) {
-  gmlake::gmlake_allocator<counting<host_memfd>> a(counting<host_memfd>(cap, C), opts());
+TEST_CASE("cached stitched block reuse: no new mappings") {
+  gmlake::gmlake_allocator<counted_memfd> a(counted_memfd(cap, C), opts());
   using A = decltype(a);
   four<A> f(a);
   void* x = a.allocate(4 * C);
@@ -260,7 +272,7 @@ TEST_CASE("cached stitched block reuse: no new mappings" * doctest::skip()) {
   CHECK(a.check_invariants());
   const auto maps = a.backend().counts().calls_of(call::map);
   const auto s0 = a.stats();
-  void* y = a.allocate(4 * C);  // aborts here at GMLAKE_DEBUG=2
+  void* y = a.allocate(4 * C);
   const auto s1 = a.stats();
   CHECK(y == x);
   CHECK(s1.cached_stitch_hits == s0.cached_stitch_hits + 1);
@@ -277,7 +289,7 @@ TEST_CASE("cached stitched block reuse: no new mappings" * doctest::skip()) {
 }
 
 TEST_CASE("a cached stitched block costs no new reservation until released") {
-  gmlake::gmlake_allocator<counting<host_memfd>> a(counting<host_memfd>(cap, C), opts());
+  gmlake::gmlake_allocator<counted_memfd> a(counted_memfd(cap, C), opts());
   using A = decltype(a);
   four<A> f(a);
   const auto reserves = a.backend().counts().calls_of(call::reserve);
@@ -372,8 +384,8 @@ TEST_CASE("LRU eviction by bytes") {
 }
 
 TEST_CASE("no_cache unmaps a stitched block as soon as it is freed") {
-  gmlake::basic_allocator<counting<host_memfd>, policy::best_fit_pieces, policy::no_cache> a(
-      counting<host_memfd>(cap, C), opts());
+  gmlake::basic_allocator<counted_memfd, policy::best_fit_pieces, policy::no_cache> a(
+      counted_memfd(cap, C), opts());
   using A = decltype(a);
   four<A> f(a);
   void* x = a.allocate(4 * C);
@@ -417,41 +429,64 @@ TEST_CASE("stream-ordered reuse") {
   gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), opts());
   a.backend().set_auto_complete(false);
   void* p = a.allocate(C, 1);
+  void* fence = a.allocate(C, 1);  // keeps p's range apart from growth
   a.deallocate(p, C, 1);
   void* p2 = a.allocate(C, 1);
   CHECK(p2 == p);  // same stream: at once
   a.deallocate(p2, C, 1);
   void* q = a.allocate(C, 2);
-  CHECK(q != p);  // stream 1's work is pending
   CHECK(q != nullptr);
+  CHECK(q != p);  // stream 1's work is pending
   CHECK(a.backend().pending(1));
   a.backend().complete(1);
   void* r = a.allocate(C, 2);
   CHECK(r == p);  // done: usable on stream 2
   a.deallocate(q, C, 2);
   a.deallocate(r, C, 2);
+  a.deallocate(fence, C, 1);
   CHECK(a.check_invariants());
   all_released(a);  // release_cached waits for pending work
+  CHECK(!a.backend().pending(1));
   CHECK(!a.backend().pending(2));
+}
+
+// BUG: growth merges the new chunks with an adjacent free range that is still pending
+// on another stream, and the block is carved at the start of the merged range: here
+// allocate(C, stream 2) returns p, freed on stream 1 whose work is still pending.
+// (place -> arena::grow -> populate -> release(fresh, {}) -> settle merges with the
+// pending neighbour, stream_table::merge keeps the pending tag; take() carves at its start.)
+TEST_CASE("stream order: growth next to a range pending on another stream") {
+  gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), opts());
+  a.backend().set_auto_complete(false);
+  void* p = a.allocate(C, 1);
+  a.deallocate(p, C, 1);
+  void* q = a.allocate(C, 2);
+  CHECK(q != p);
+  CHECK(a.check_invariants());
+  a.deallocate(q, C, 2);
+  all_released(a);
 }
 
 TEST_CASE("stream-ordered reuse in the small arena") {
   gmlake::gmlake_allocator<simulated> a(simulated(cap, C), opts());
   a.backend().set_auto_complete(false);
-  void* p = a.allocate(4 * kib, 7);
-  void* hold = a.allocate(60 * kib, 7);  // the rest of the chunk
+  std::vector<void*> v;
+  for (int i = 0; i < 16; ++i) v.push_back(a.allocate(4 * kib, 7));  // one whole chunk
+  CHECK(reserved(a) == static_cast<std::int64_t>(C));
+  void* p = v[0];
   a.deallocate(p, 0, 7);
   void* q = a.allocate(4 * kib, 8);
   CHECK(q != p);
   void* p2 = a.allocate(4 * kib, 7);
   CHECK(p2 == p);
   a.deallocate(p2, 0, 7);
-  a.backend().complete(7);  // no event recorded yet for the latest free: still pending
   void* r = a.allocate(4 * kib, 8);
+  CHECK(r != p);
   a.backend().complete(7);
-  void* s = r == p ? nullptr : a.allocate(4 * kib, 8);
-  CHECK((r == p || s == p));
-  for (void* x : {q, r, s, hold}) a.deallocate(x);
+  void* s = a.allocate(4 * kib, 8);
+  CHECK(s == p);
+  for (void* x : {q, r, s}) a.deallocate(x, 0, 8);
+  for (int i = 1; i < 16; ++i) a.deallocate(v[i], 0, 7);
   all_released(a);
 }
 
@@ -539,7 +574,7 @@ TEST_CASE("misuse: a stitched block freed twice") {
 // BUG: try_allocate raises alignment < 512 to 512 before checking that it is a power
 // of two, so a non-power-of-two alignment such as 3 or 100 is served, against the
 // contract ("an alignment that is not a power of two ... gives nullptr").
-TEST_CASE("an alignment that is not a power of two gives nullptr, also below 512" * doctest::skip()) {
+TEST_CASE("an alignment that is not a power of two gives nullptr, also below 512") {
   gmlake::gmlake_allocator<simulated> a(simulated(cap, C), opts());
   void* p = a.try_allocate(100, {}, 3);
   CHECK(p == nullptr);
@@ -572,7 +607,8 @@ TEST_CASE("std::pmr::memory_resource") {
   CHECK_THROWS_AS((void)mr.allocate(64, 3), gmlake::bad_alignment);
   CHECK_THROWS_AS((void)mr.allocate(64, 2 * C), gmlake::bad_alignment);
   try {
-    (void)mr.allocate(64, 768);
+    const std::size_t odd = 768;
+    (void)mr.allocate(64, odd);
     CHECK(false);
   } catch (const gmlake::bad_alignment& e) {
     CHECK(e.alignment() == 768);

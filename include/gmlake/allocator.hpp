@@ -185,12 +185,12 @@ class basic_allocator {
   // ------------------------------------------------------------ allocate
 
   void* allocate_locked(std::size_t bytes, stream_type stream, std::size_t alignment) noexcept {
-    if (alignment < block_alignment) alignment = block_alignment;
     if (!std::has_single_bit(alignment) || alignment > chunk_ || bytes > backend_.capacity()) {
       ++stats_.fit[static_cast<std::size_t>(fit_state::s5_oom)];
       ++stats_.num_ooms;
       return nullptr;
     }
+    if (alignment < block_alignment) alignment = block_alignment;
     const std::size_t size = round_up(bytes == 0 ? 1 : bytes, block_alignment);
     std::uint32_t s = 0;
     if (!streams_.index_of(stream, s)) return nullptr;
@@ -243,14 +243,23 @@ class basic_allocator {
       }
     }
     const std::uint32_t segment = stitch_.create_shortfall() ? 0 : a.new_segment();
-    if (auto r = a.grow(round_up(size + slack, chunk_), segment))
+    std::uintptr_t fresh = 0;
+    if (auto r = a.grow(round_up(size + slack, chunk_), segment, fresh)) {
+      // The new chunks may have merged with a free neighbour still in use by another
+      // stream: then place the request in the new bytes only.
+      if (!usable(*r.value)) return take_at(a, *r.value, fresh, size, requested, fit_state::s4_shortfall);
       return take(a, *r.value, size, requested, alignment, fit_state::s4_shortfall);
+    }
     return nullptr;
   }
 
   void* take(arena_type& a, range& f, std::size_t size, std::size_t requested, std::size_t alignment,
              fit_state st) noexcept {
-    const std::uintptr_t at = f.addr + (alignment - (f.addr % alignment)) % alignment;
+    return take_at(a, f, f.addr + (alignment - (f.addr % alignment)) % alignment, size, requested, st);
+  }
+
+  void* take_at(arena_type& a, range& f, std::uintptr_t at, std::size_t size, std::size_t requested,
+                fit_state st) noexcept {
     range& u = a.carve(f, at, size);
     u.requested = requested;
     on_allocated(requested, size, st);
@@ -350,15 +359,9 @@ class basic_allocator {
       if (!shortfall || m < 1) return nullptr;
       // S4: new chunks for the rest, at the start of the best-fitting hole.
       const std::size_t need = round_up(size - got, chunk_);
-      auto r = large_.grow(need, 0);
-      if (!r) return nullptr;
-      // The new range may have merged with a neighbour: the new bytes start where the
-      // hole was, which is chunk aligned and after every piece's own bytes.
-      const std::uintptr_t fresh = r.value->end() - need;
-      bool clash = false;
-      for (std::size_t i = 0; i < m; ++i)
-        if (pieces[i].addr < fresh + need && fresh < pieces[i].addr + pieces[i].size) clash = true;
-      if (clash) return nullptr;  // cannot happen: new bytes were a hole
+      std::uintptr_t fresh = 0;
+      if (!large_.grow(need, 0, fresh)) return nullptr;
+      // The new bytes were a hole: they overlap no piece, whatever they merged with.
       pieces[m++] = {fresh, need};
       got += need;
     }
@@ -420,9 +423,11 @@ class basic_allocator {
     by_pointer_.insert(*b);
     stats_.stitched_blocks.add(1);
     stats_.mapped_bytes.add(static_cast<std::int64_t>(mapped));
-    const bool ok = activate(*b, size, requested, s, st);
-    GMLAKE_ASSERT(ok, "a new stitched block's pieces are free");
-    (void)ok;
+    if (!activate(*b, size, requested, s, st)) {
+      // New chunks merged with a neighbour another stream still uses: give up on it.
+      unmap_stitch(*b, true);
+      return nullptr;
+    }
     return reinterpret_cast<void*>(b->pointer);
   }
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -45,7 +46,7 @@ class counting {
   };
 
   /// @brief Makes the parent from `args`.
-  template <class... A>
+  template <class... A> requires std::constructible_from<Parent, A...>
   explicit counting(A&&... args) noexcept(noexcept(Parent(std::forward<A>(args)...)))
       : parent_(std::forward<A>(args)...) {}
 

@@ -181,10 +181,12 @@ class arena {
   }
 
   /// Maps `bytes` of new chunks at the start of the smallest hole that holds them,
-  /// as a free range of `segment`. Needs 2 nodes.
-  [[nodiscard]] result<range*> grow(std::size_t bytes, std::uint32_t segment) noexcept {
+  /// as a free range of `segment`; `fresh` gets their address. Needs 2 nodes.
+  /// Returns the free range holding them (merged with free neighbours).
+  [[nodiscard]] result<range*> grow(std::size_t bytes, std::uint32_t segment, std::uintptr_t& fresh) noexcept {
     auto it = holes_.lower_bound(size_key{bytes}, size_key_less{});
     if (it == holes_.end()) return errc::out_of_memory;  // address space exhausted
+    fresh = it->addr;
     return populate(*it, it->addr, bytes, segment);
   }
 
