@@ -19,15 +19,7 @@ namespace {
 using gmlake::call;
 using gmlake::backend::host_memfd;
 
-// counting<host_memfd> itself cannot be given to basic_allocator under clang 14:
-// basic_allocator's `basic_allocator() requires std::default_initializable<Backend>`
-// instantiates the noexcept-specification of counting's unconstrained variadic
-// constructor with no arguments, `noexcept(host_memfd())`, a hard error (GCC accepts
-// it). This subclass has no default constructor, so the check is false cleanly.
-struct counted_memfd : gmlake::backend::counting<host_memfd> {
-  counted_memfd(std::size_t capacity, std::size_t granularity)
-      : gmlake::backend::counting<host_memfd>(capacity, granularity) {}
-};
+using counted_memfd = gmlake::backend::counting<host_memfd>;
 using gmlake::fit_state;
 using gmlake::backend::counting;
 using gmlake::backend::simulated;

@@ -2,6 +2,8 @@
 #include <gmlake/gmlake.hpp>
 #include <doctest/doctest.h>
 
+#include "support.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -97,21 +99,7 @@ void free_all(A& a, std::vector<block>& live) {
   live.clear();
 }
 
-template <class A>
-void check_released(A& a) {
-  CHECK(a.check_invariants());
-  (void)a.release_cached();
-  CHECK(a.check_invariants());
-  const auto s = a.stats();
-  CHECK(s.allocations.current == 0);
-  CHECK(s.active_bytes.current == 0);
-  CHECK(s.requested_bytes.current == 0);
-  CHECK(s.reserved_bytes.current == 0);
-  CHECK(s.mapped_bytes.current == 0);
-  CHECK(s.chunks.current == 0);
-  CHECK(s.stitched_blocks.current == 0);
-  CHECK(s.invalid_frees == 0);
-}
+using gmlake_test::check_released;
 
 bool overlap(const block& x, const block& y) {
   const auto a = reinterpret_cast<std::uintptr_t>(x.p), b = reinterpret_cast<std::uintptr_t>(y.p);

@@ -2,6 +2,8 @@
 #include <gmlake/gmlake.hpp>
 #include <doctest/doctest.h>
 
+#include "support.hpp"
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -101,16 +103,7 @@ void run_stress(Alloc& a, bool real) {
   CHECK(failures == 0);
   CHECK(bad_data == 0);
   CHECK(nulls < threads * ops / 20);  // 64 MiB is plenty for 4 x 24 blocks of <= 3 chunks
-  CHECK(a.check_invariants());
-  (void)a.release_cached();
-  const auto s = a.stats();
-  CHECK(s.allocations.current == 0);
-  CHECK(s.active_bytes.current == 0);
-  CHECK(s.requested_bytes.current == 0);
-  CHECK(s.reserved_bytes.current == 0);
-  CHECK(s.mapped_bytes.current == 0);
-  CHECK(s.invalid_frees == 0);
-  CHECK(a.check_invariants());
+  gmlake_test::check_released(a);
 }
 
 gmlake::options opts() {
