@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# run_gpu.sh OUTDIR [BUDGET_SECONDS] - the GPU measurement of gmlake in PyTorch training.
+#
+#   examples/torch/run_gpu.sh OUTDIR [budget seconds, default 540]
+#
+# 1. the matrix: 3 models x 4 allocators (default, expandable, cudamallocasync,
+#    gmlake), STEPS (default 10) steps each, same seed, one process per run;
+# 2. two short trace captures (default allocator) into traces/*.trace.gz, validated;
+# 3. the cap experiment: the largest batch each allocator trains under one memory
+#    cap (OPT-1.3B with checkpointing, see CAP below), default and gmlake first;
+# 4. summarize.py: summary.md.
+# Every run has its own process, `timeout` and log; a failed run is reported and
+# the next one starts. The wall-clock budget is watched: a run that would not fit
+# in what is left is skipped (and listed in summary.md) rather than started.
+#
+# OUTDIR ends up with few files (the device machine returns at most 8):
+#   summary.md        the tables
+#   results.tar.gz    runs/*.json, logs/*.log, traces/*.trace.gz, runs.txt, skipped.txt
+#   driver.log        this script's own output
+# The work happens in a scratch folder; results.tar.gz and summary.md are
+# refreshed after every run, so a hard kill still leaves what was done.
+#
+# Environment: GMLAKE_TORCH_LIB (default build/examples/torch/libgmlake_torch.so;
+# when missing, the gmlake runs are skipped), PYTHON (default python3), STEPS.
+set -u
+
+OUT=${1:?usage: run_gpu.sh OUTDIR [budget seconds, default 540]}
+BUDGET=${2:-540}
+RESERVE=15   # seconds kept for the last summary and tarball
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+PY=${PYTHON:-python3}
+STEPS=${STEPS:-10}
+T0=$SECONDS
+
+mkdir -p "$OUT" || exit 1
+OUT=$(cd "$OUT" && pwd)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gmlake-torch.XXXXXX") || exit 1
+mkdir -p "$WORK/runs" "$WORK/logs" "$WORK/traces"
+: > "$WORK/runs.txt"
+: > "$WORK/skipped.txt"
+exec > >(tee -a "$OUT/driver.log") 2>&1
+
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+unset PYTORCH_CUDA_ALLOC_CONF PYTORCH_ALLOC_CONF   # train.py sets them per run
+export GMLAKE_TORCH_LIB=${GMLAKE_TORCH_LIB:-$ROOT/build/examples/torch/libgmlake_torch.so}
+
+elapsed() { echo $(( SECONDS - T0 )); }
+left() { echo $(( BUDGET - RESERVE - (SECONDS - T0) )); }
+say() { echo "[$(elapsed)s] $*"; }
+
+# Refreshes OUTDIR/summary.md and OUTDIR/results.tar.gz from the scratch folder.
+checkpoint() {
+  timeout 60 "$PY" "$HERE/summarize.py" "$WORK" > /dev/null 2> "$WORK/logs/summarize.err" \
+    && cp "$WORK/summary.md" "$OUT/summary.md.tmp" && mv "$OUT/summary.md.tmp" "$OUT/summary.md"
+  tar -czf "$OUT/results.tar.gz.tmp" -C "$WORK" runs logs traces runs.txt skipped.txt 2> /dev/null \
+    && mv "$OUT/results.tar.gz.tmp" "$OUT/results.tar.gz"
+}
+
+# run NAME NEED_S TIMEOUT_S command...: runs the command with its log, unless
+# fewer than NEED_S seconds of the budget are left; the timeout is cut to what is left.
+run() {
+  local name=$1 need=$2 lim=$3 l rc t
+  shift 3
+  l=$(left)
+  if (( l < need )); then
+    say "SKIP $name: ${l}s of the budget left, it needs about ${need}s" | tee -a "$WORK/skipped.txt"
+    return 99
+  fi
+  (( lim > l )) && lim=$l
+  say "RUN  $name (timeout ${lim}s)"
+  t=$SECONDS
+  timeout -k 5 "$lim" "$@" > "$WORK/logs/$name.log" 2>&1
+  rc=$?
+  echo "$name rc=$rc seconds=$(( SECONDS - t ))" >> "$WORK/runs.txt"
+  if (( rc == 0 )); then
+    say "     $name ok in $(( SECONDS - t ))s: $(grep -E '^\[ *[0-9.]+s\] (done|max batch|trace)' "$WORK/logs/$name.log" | tail -n 2 | tr '\n' ' ')"
+  else
+    say "     $name FAILED (rc=$rc$( ((rc == 124 || rc == 137)) && echo ', timeout')) in $(( SECONDS - t ))s; log tail:"
+    tail -n 4 "$WORK/logs/$name.log" | sed 's/^/       | /'
+  fi
+  checkpoint
+  return $rc
+}
+
+say "run_gpu.sh: budget ${BUDGET}s, out $OUT, scratch $WORK"
+say "gmlake plugin: $GMLAKE_TORCH_LIB"
+have_gmlake=1
+if [[ ! -f $GMLAKE_TORCH_LIB ]]; then
+  have_gmlake=0
+  say "gmlake plugin NOT FOUND: the gmlake runs are skipped (build it: meson setup build && ninja -C build)" \
+    | tee -a "$WORK/skipped.txt"
+fi
+nvidia-smi -L 2>&1 | head -n 4
+# preflight: versions, and it warms the file cache for the first real run
+run preflight 20 90 "$PY" -c "import torch, transformers, peft; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu', torch.cuda.is_available() and torch.cuda.get_device_name(0)); print('transformers', transformers.__version__, 'peft', peft.__version__)"
+cat "$WORK/logs/preflight.log"
+
+ALLOCS=(default expandable cudamallocasync gmlake)
+train() {  # train NAME NEED TIMEOUT allocator args...
+  local name=$1 need=$2 lim=$3 alloc=$4
+  shift 4
+  if [[ $alloc == gmlake && $have_gmlake == 0 ]]; then
+    echo "SKIP $name: no libgmlake_torch.so" >> "$WORK/skipped.txt"
+    return 99
+  fi
+  run "$name" "$need" "$lim" "$PY" "$HERE/train.py" --allocator "$alloc" --out "$WORK/runs" "$@"
+}
+
+# 1. The matrix. Batch sizes are train.py's defaults: 16 (GPT-2 medium, seq
+#    64..1024 per step), 8 (OPT-1.3B ckpt, seq 1024), 8 (TinyLlama LoRA ckpt,
+#    seq 128..2048). A run takes about 20-40 s, mostly imports and model build.
+for model in gpt2-dynseq opt1.3b-ckpt llama1b-lora-ckpt; do
+  for a in "${ALLOCS[@]}"; do
+    train "$model.$a" 35 150 "$a" --model "$model" --steps "$STEPS"
+  done
+done
+
+# 2. Two short traces of our own, default allocator (only it records history):
+#    GPT-2 small with sequence length random per step, and a small Llama with LoRA
+#    and checkpointing; 6 iterations each, a few hundred KB. Before the cap experiment
+#    because they are cheap (~15 s each) and the cap experiment is the longest part.
+train gpt2s-dynseq.capture 30 90 default --model gpt2s-dynseq --steps 6 --batch 8 \
+  --capture "$WORK/traces/gpt2s-dynseq.trace.gz"
+train llama-small-lora-ckpt.capture 30 90 default --model llama-small-lora-ckpt --steps 6 --batch 4 \
+  --capture "$WORK/traces/llama-small-lora-ckpt.trace.gz"
+for t in "$WORK"/traces/*.trace.gz; do
+  [[ -f $t ]] && "$PY" "$HERE/capture_trace.py" --validate "$t"
+done
+
+# 3. The cap experiment. OPT-1.3B ckpt at seq 1024 needs about 21 GB of static
+#    state (fp32 weights, grads, AdamW moments) plus, from the shared baselines,
+#    about 5.3 GB more at batch 8 (26.4 GB live, 31.4 GB reserved by PyTorch's
+#    default allocator: 16% fragmentation). Under a 32 GiB (34.4 GB) cap the default
+#    allocator then runs out a little above batch 8 while an allocator with ~1-3%
+#    fragmentation gets some 5-6 GB further (depending on how activation memory
+#    grows with batch, about batch 16-28). All four get the same cap and the same
+#    batch list, in increasing order, 2 steps each, stopping at the first OOM;
+#    a batch of 4 first, so that "fits nothing on the list" cannot happen unnoticed.
+CAP=${CAP:-34359738368}
+BATCHES=${BATCHES:-4,8,12,16,20,24,28,32,40,48,56,64}
+for a in default gmlake expandable cudamallocasync; do
+  train "opt1.3b-ckpt.$a.maxbatch" 50 150 "$a" --model opt1.3b-ckpt --steps 2 --limit "$CAP" \
+    --find-max-batch "$BATCHES"
+done
+
+# 4. Summary.
+checkpoint
+say "done in $(elapsed)s; skipped:"
+cat "$WORK/skipped.txt"
+echo
+cat "$OUT/summary.md" 2> /dev/null || say "no summary.md (see $WORK/logs/summarize.err)"
+ls -la "$OUT"
+exit 0
