@@ -139,6 +139,8 @@ done
 #    grows with batch, about batch 16-28). All four get the same cap and the same
 #    batch list, in increasing order, 2 steps each, stopping at the first OOM;
 #    a batch of 4 first, so that "fits nothing on the list" cannot happen unnoticed.
+#    Caveat: PyTorch's cudaMallocAsync backend checks the fraction against bytes in
+#    use, not against its pool's reserve; summary.md shows the device view too.
 CAP=${CAP:-34359738368}
 BATCHES=${BATCHES:-4,8,12,16,20,24,28,32,40,48,56,64}
 for a in default gmlake expandable cudamallocasync; do

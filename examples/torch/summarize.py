@@ -138,6 +138,10 @@ def oom_table(runs, lines):
                      "set_per_process_memory_fraction(cap/total); gmlake: its own limit), "
                      f"{any_r.get('steps')} steps per batch size, batch sizes {any_r.get('batch_sizes')}")
         lines.append("")
+        lines.append("Note: PyTorch's cudaMallocAsync backend applies the fraction to the bytes in use "
+                     "(pytorch_used_bytes), not to what its pool reserves, so its cap is looser than the "
+                     "others'; its device-view column shows what it really held.")
+        lines.append("")
         lines.append("| allocator | max batch trained | first OOM at | device view at max batch (GB) "
                      "| own reserved at max batch (GB) | batches tried | note |")
         lines.append("|---|---|---|---|---|---|---|")

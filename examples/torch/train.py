@@ -217,10 +217,17 @@ def build_model(name, spec, torch, R):
     torch.set_default_dtype(dtype)  # what from_config(dtype=...) does, on every version
     try:
         with torch.device("cuda"):  # initialize the weights on the GPU (fast; no CPU copy)
-            try:
-                model = AutoModelForCausalLM.from_config(cfg, attn_implementation=ATTN)
-            except TypeError as e:
-                notes.append(f"from_config(attn_implementation=) refused ({e}); set on the config")
+            # transformers >= 4.56 / 5.x take dtype=, older ones torch_dtype=; an
+            # unknown keyword reaches the model's __init__ and raises TypeError there
+            model = None
+            for kw in ({"attn_implementation": ATTN, "dtype": dtype},
+                       {"attn_implementation": ATTN, "torch_dtype": dtype}):
+                try:
+                    model = AutoModelForCausalLM.from_config(cfg, **kw)
+                    break
+                except TypeError as e:
+                    notes.append(f"from_config({', '.join(kw)}) refused: {e}")
+            if model is None:
                 cfg._attn_implementation = ATTN
                 model = AutoModelForCausalLM.from_config(cfg)
     finally:
