@@ -28,6 +28,7 @@
 #include <mutex>
 #include <new>
 #include <span>
+#include <string>
 
 #include "concepts.hpp"
 #include "detail/arena.hpp"
@@ -103,12 +104,23 @@ class basic_allocator {
     return allocate_locked(bytes, stream, alignment);
   }
 
-  /// @brief As try_allocate. @throws out_of_memory (carries `bytes`) when it fails.
+  /// @brief As try_allocate.
+  /// @throws out_of_memory (carries `bytes`) when it fails for lack of memory (or a
+  ///         bad alignment); backend_error with the driver's message when the backend
+  ///         reported a driver failure (BackendDiagnostics). The state is unchanged.
   [[nodiscard]] void* allocate(std::size_t bytes, stream_type stream = {},
                                std::size_t alignment = block_alignment) {
-    void* p = try_allocate(bytes, stream, alignment);
-    if (p == nullptr) throw out_of_memory(bytes);
-    return p;
+    std::unique_lock lock(mutex_);
+    if constexpr (BackendDiagnostics<Backend>) backend_.clear_failure();
+    if (void* p = allocate_locked(bytes, stream, alignment)) return p;
+    if constexpr (BackendDiagnostics<Backend>) {
+      if (const char* why = backend_.failure()) {
+        std::string message(why);
+        lock.unlock();
+        throw backend_error(message);
+      }
+    }
+    throw out_of_memory(bytes);
   }
 
   /// @brief Frees p, last used on `stream`. `bytes` may be 0 (unknown) or the size

@@ -80,6 +80,15 @@ template <class B>
 concept PhysicalBackend =
     BackendSizes<B> && BackendAddressSpace<B> && BackendChunks<B> && BackendMapping<B> && BackendStreams<B>;
 
+/// Optional: `failure()` gives the message of the last failure that was not a lack
+/// of memory (a driver error), or nullptr if there was none since `clear_failure()`.
+/// The allocator then throws backend_error with it instead of out_of_memory.
+template <class B>
+concept BackendDiagnostics = requires(B& b, const B& cb) {
+  { cb.failure() } noexcept -> std::same_as<const char*>;
+  { b.clear_failure() } noexcept;
+};
+
 // ---------------------------------------------------------------- FitStrategy
 
 /// Picks, from the index of free ranges (ordered by size then address), one range

@@ -1,7 +1,7 @@
 // gmlake/memory_resource.hpp - a gmlake allocator as a std::pmr::memory_resource.
 //
 // do_allocate throws out_of_memory (a std::bad_alloc) when the request cannot be
-// served, bad_alignment for an alignment that is not a power of two or is larger
+// served, backend_error on a driver failure, bad_alignment for an alignment that is not a power of two or is larger
 // than the chunk size; do_deallocate throws nothing. Every call uses the stream
 // given at construction.
 #pragma once
@@ -32,9 +32,7 @@ class memory_resource : public std::pmr::memory_resource {
  private:
   void* do_allocate(std::size_t bytes, std::size_t alignment) override {
     if (!std::has_single_bit(alignment) || alignment > allocator_.chunk_size()) throw bad_alignment(alignment);
-    void* p = allocator_.try_allocate(bytes, stream_, alignment);
-    if (p == nullptr) throw out_of_memory(bytes);
-    return p;
+    return allocator_.allocate(bytes, stream_, alignment);
   }
   void do_deallocate(void* p, std::size_t bytes, std::size_t) noexcept override {
     allocator_.deallocate(p, bytes, stream_);

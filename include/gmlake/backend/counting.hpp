@@ -110,6 +110,11 @@ class counting {
   [[nodiscard]] errc synchronize(event_type e) noexcept { return parent_.synchronize(e); }
   void destroy(event_type e) noexcept { parent_.destroy(e); }
 
+  // ------------------------------------------------------------ BackendDiagnostics (if the parent has it)
+
+  [[nodiscard]] const char* failure() const noexcept requires BackendDiagnostics<Parent> { return parent_.failure(); }
+  void clear_failure() noexcept requires BackendDiagnostics<Parent> { parent_.clear_failure(); }
+
  private:
   static constexpr std::size_t index(call k) noexcept { return static_cast<std::size_t>(k); }
 
