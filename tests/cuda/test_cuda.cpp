@@ -1,0 +1,278 @@
+// tests/cuda/test_cuda.cpp - the CUDA VMM backend on a real GPU: the conformance
+// suite, kernels through stitched blocks, stream order against running kernels,
+// real device OOM, driver errors. main.cpp skips all of it (exit 77) without a GPU.
+#include <gmlake/backend/cuda_vmm.hpp>
+#include <gmlake/gmlake.hpp>
+
+#include "../conformance.hpp"
+#include "kernels.hpp"
+
+#include <cuda_runtime_api.h>
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+using gmlake::backend::cuda_vmm;
+using namespace gmlake_conformance;
+
+std::size_t device_granularity() {
+  static const std::size_t g = cuda_vmm(0, 1).granularity();
+  return g;
+}
+
+/// Conformance on the GPU: 64 chunks of the device's granularity.
+template <class Alloc>
+struct cuda_combo {
+  using alloc_type = Alloc;
+  static constexpr bool real = true;
+  static std::unique_ptr<Alloc> make() {
+    return std::make_unique<Alloc>(cuda_vmm(0, capacity()), test_options());
+  }
+  static std::size_t granularity() { return device_granularity(); }
+  static std::size_t capacity() { return 64 * device_granularity(); }
+  static void write(void* dst, const void* src, std::size_t n) {
+    REQUIRE(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+  static void read(void* dst, const void* src, std::size_t n) {
+    REQUIRE(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost) == cudaSuccess);
+  }
+};
+
+std::size_t free_device_bytes() {
+  std::size_t free = 0, total = 0;
+  REQUIRE(cudaMemGetInfo(&free, &total) == cudaSuccess);
+  return free;
+}
+
+bool overlaps(const void* a, std::size_t an, const void* b, std::size_t bn) {
+  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+  return x < y + bn && y < x + an;
+}
+
+struct stream_pair {
+  cudaStream_t a = nullptr, b = nullptr;
+  stream_pair() {
+    REQUIRE(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking) == cudaSuccess);
+    REQUIRE(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking) == cudaSuccess);
+  }
+  ~stream_pair() {
+    cudaStreamDestroy(a);
+    cudaStreamDestroy(b);
+  }
+};
+
+CUstream cu(cudaStream_t s) { return reinterpret_cast<CUstream>(s); }
+
+} // namespace
+
+TEST_CASE_TEMPLATE("cuda conformance", T, cuda_combo<gmlake::gmlake_allocator<cuda_vmm>>,
+                   cuda_combo<gmlake::bfc_allocator<cuda_vmm>>, cuda_combo<gmlake::expandable_allocator<cuda_vmm>>,
+                   cuda_combo<gmlake::gmlake_paper_allocator<cuda_vmm>>) {
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  run_conformance<T>();
+}
+
+TEST_CASE("cuda backend: granularity, sizes, limit") {
+  cuda_vmm b(0);
+  CHECK(b.granularity() >= std::size_t{64} << 10);
+  CHECK((b.granularity() & (b.granularity() - 1)) == 0);
+  std::size_t free = 0, total = 0;
+  REQUIRE(b.memory_info(free, total) == gmlake::errc::ok);
+  CHECK(b.capacity() == gmlake::round_up(total, b.granularity()));
+  std::printf("device 0: granularity %zu, capacity %zu, free %zu\n", b.granularity(), b.capacity(), free);
+  b.set_limit(2 * b.granularity());
+  auto c1 = b.create(b.granularity());
+  auto c2 = b.create(b.granularity());
+  REQUIRE(c1);
+  REQUIRE(c2);
+  CHECK(b.create(b.granularity()).error == gmlake::errc::out_of_memory);  // the limit, not a driver error
+  CHECK(b.failure() == nullptr);
+  CHECK(b.release(c1.value) == gmlake::errc::ok);
+  CHECK(b.release(c2.value) == gmlake::errc::ok);
+  CHECK(b.created_bytes() == 0);
+  // A bad size is caught before the driver; a bad unmap is a driver error with its message.
+  CHECK(b.create(b.granularity() + 1).error == gmlake::errc::invalid);
+  b.clear_failure();
+  auto va = b.reserve(2 * b.granularity());
+  REQUIRE(va);
+  CHECK(b.unmap(va.value, b.granularity()) == gmlake::errc::driver);
+  REQUIRE(b.failure() != nullptr);
+  CHECK(std::string(b.failure()).find("cuMemUnmap") != std::string::npos);
+  std::printf("driver error as reported: %s\n", b.failure());
+  CHECK(b.address_free(va.value, 2 * b.granularity()) == gmlake::errc::ok);
+}
+
+TEST_CASE("cuda backend: a device that does not exist is a backend_error with the reason") {
+  bool thrown = false;
+  try {
+    cuda_vmm b(cuda_vmm::device_count() + 7);
+  } catch (const gmlake::backend_error& e) {
+    thrown = true;
+    std::printf("as expected: %s\n", e.what());
+    CHECK(std::string(e.what()).find("cuDeviceGet") != std::string::npos);
+  }
+  CHECK(thrown);
+}
+
+TEST_CASE("a kernel writes through a stitched block; every chunk holds its part") {
+  const std::size_t C = device_granularity();
+  gmlake::allocator<cuda_vmm> a(cuda_vmm(0, 64 * C), test_options());
+  // Four chunks in a row; freeing the 1st and 3rd leaves two free chunks apart.
+  void* x1 = a.allocate(C);
+  void* y1 = a.allocate(C);
+  void* x2 = a.allocate(C);
+  void* y2 = a.allocate(C);
+  a.deallocate(x1, C);
+  a.deallocate(x2, C);
+  const auto before = a.stats();
+  void* s = a.allocate(2 * C);
+  const auto after = a.stats();
+  CHECK(after.fit[2] == before.fit[2] + 1);  // S3: stitched, no new memory
+  CHECK(after.reserved_bytes.current == before.reserved_bytes.current);
+  CHECK(after.stitched_blocks.current == 1);
+  REQUIRE(gmlake_gpu::fill(s, 2 * C, 42, nullptr) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(gmlake_gpu::mismatches(s, 2 * C, 42, nullptr) == 0);
+  // Each half of the stitch is one of the two chunks, read through the chunk's own mapping.
+  std::vector<unsigned char> half0(C), half1(C), c1(C), c2(C);
+  REQUIRE(cudaMemcpy(half0.data(), s, C, cudaMemcpyDeviceToHost) == cudaSuccess);
+  REQUIRE(cudaMemcpy(half1.data(), static_cast<char*>(s) + C, C, cudaMemcpyDeviceToHost) == cudaSuccess);
+  REQUIRE(cudaMemcpy(c1.data(), x1, C, cudaMemcpyDeviceToHost) == cudaSuccess);
+  REQUIRE(cudaMemcpy(c2.data(), x2, C, cudaMemcpyDeviceToHost) == cudaSuccess);
+  const bool in_order = half0 == c1 && half1 == c2;
+  const bool swapped = half0 == c2 && half1 == c1;
+  CHECK((in_order || swapped));
+  // And a kernel writing through a chunk is seen through the stitch.
+  void* first = in_order ? x1 : x2;
+  REQUIRE(gmlake_gpu::fill(first, C, 7, nullptr) == cudaSuccess);
+  CHECK(gmlake_gpu::mismatches(s, C, 7, nullptr) == 0);
+  a.deallocate(s, 2 * C);
+  // The cached stitch serves the same request again with no driver call.
+  const auto calls = a.stats().calls;
+  void* again = a.allocate(2 * C);
+  CHECK(again == s);
+  CHECK(a.stats().calls == calls);
+  a.deallocate(again, 2 * C);
+  a.deallocate(y1, C);
+  a.deallocate(y2, C);
+  gmlake_test::check_released(a);
+}
+
+TEST_CASE("stream order: memory freed under a running kernel is not handed to another stream") {
+  const std::size_t C = device_granularity();
+  stream_pair st;
+  gmlake::allocator<cuda_vmm> a(cuda_vmm(0, 256 * C), test_options());
+  const std::size_t n = 8 * C;
+  constexpr std::uint64_t spin_ns = 300'000'000;  // 0.3 s: far longer than the host steps below
+
+  SUBCASE("a plain block") {
+    void* p = a.allocate(n, cu(st.a));
+    REQUIRE(gmlake_gpu::spin_then_fill(p, n, 1, spin_ns, st.a) == cudaSuccess);
+    a.deallocate(p, n, cu(st.a));
+    CHECK(cudaStreamQuery(st.a) == cudaErrorNotReady);  // the kernel still runs
+    void* q = a.allocate(n, cu(st.b));
+    const bool still_running = cudaStreamQuery(st.a) == cudaErrorNotReady;
+    if (still_running) CHECK_FALSE(overlaps(p, n, q, n));
+    REQUIRE(gmlake_gpu::fill(q, n, 2, st.b) == cudaSuccess);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(gmlake_gpu::mismatches(q, n, 2, st.b) == 0);
+    if (!overlaps(p, n, q, n)) CHECK(gmlake_gpu::mismatches(p, n, 1, st.a) == 0);  // the kernel's writes landed
+    // The same stream may reuse at once (stream order); another one once the work is done.
+    a.deallocate(q, n, cu(st.b));
+    const auto reserved = a.stats().reserved_bytes.current;
+    void* r = a.allocate(n, cu(st.b));
+    CHECK(a.stats().reserved_bytes.current == reserved);  // reused, nothing new
+    a.deallocate(r, n, cu(st.b));
+  }
+
+  SUBCASE("a stitched block, and release_cached while its kernel runs") {
+    void* x1 = a.allocate(4 * C, cu(st.a));
+    void* y1 = a.allocate(C, cu(st.a));
+    void* x2 = a.allocate(4 * C, cu(st.a));
+    void* y2 = a.allocate(C, cu(st.a));
+    a.deallocate(x1, 4 * C, cu(st.a));
+    a.deallocate(x2, 4 * C, cu(st.a));
+    void* s = a.allocate(n, cu(st.a));
+    CHECK(a.stats().stitched_blocks.current == 1);
+    REQUIRE(gmlake_gpu::spin_then_fill(s, n, 3, spin_ns, st.a) == cudaSuccess);
+    a.deallocate(s, n, cu(st.a));
+    // Stream b must get other physical memory than the stitch's chunks while the kernel runs.
+    void* q = a.allocate(n, cu(st.b));
+    if (cudaStreamQuery(st.a) == cudaErrorNotReady) {
+      CHECK_FALSE(overlaps(x1, 4 * C, q, n));
+      CHECK_FALSE(overlaps(x2, 4 * C, q, n));
+    }
+    a.deallocate(q, n, cu(st.b));
+    REQUIRE(cudaStreamSynchronize(st.a) == cudaSuccess);
+    CHECK(gmlake_gpu::mismatches(s, n, 3, st.a) == 0);  // the kernel wrote through the cached stitch
+    // On stream a the cached stitch is reused at once; release_cached under its running
+    // kernel must wait before unmapping it, or the kernel faults.
+    void* s2 = a.allocate(n, cu(st.a));
+    CHECK(s2 == s);
+    REQUIRE(gmlake_gpu::spin_then_fill(s2, n, 5, spin_ns, st.a) == cudaSuccess);
+    a.deallocate(s2, n, cu(st.a));
+    CHECK(cudaStreamQuery(st.a) == cudaErrorNotReady);
+    (void)a.release_cached();
+    CHECK(cudaStreamSynchronize(st.a) == cudaSuccess);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(gmlake_gpu::mismatches(y1, C, 0, st.a) != SIZE_MAX);  // the context is healthy
+    a.deallocate(y1, C, cu(st.a));
+    a.deallocate(y2, C, cu(st.a));
+  }
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  gmlake_test::check_released(a);
+}
+
+TEST_CASE("real device OOM: nullptr / out_of_memory, state intact, every byte back") {
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const std::size_t free0 = free_device_bytes();
+  {
+    gmlake::allocator<cuda_vmm> a{cuda_vmm(0)};
+    const std::size_t block = std::size_t{1} << 30;
+    std::vector<void*> live;
+    while (void* p = a.try_allocate(block)) live.push_back(p);
+    std::printf("device OOM after %zu x 1 GiB (free at start %.1f GiB)\n", live.size(),
+                static_cast<double>(free0) / (1 << 30));
+    CHECK(live.size() + 2 >= free0 / block);  // nearly all of the free memory was usable
+    CHECK(a.check_invariants());
+    CHECK(a.stats().num_ooms >= 1);
+    CHECK_THROWS_AS((void)a.allocate(block), gmlake::out_of_memory);
+    // Still serves what fits, and the data is intact.
+    a.deallocate(live.back(), block);
+    live.pop_back();
+    void* small = a.allocate(4096);
+    REQUIRE(!live.empty());
+    REQUIRE(gmlake_gpu::fill(live.back(), block, 9, nullptr) == cudaSuccess);
+    CHECK(gmlake_gpu::mismatches(live.back(), block, 9, nullptr) == 0);
+    a.deallocate(small, 4096);
+    for (void* p : live) a.deallocate(p, block);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    (void)a.release_cached();
+    CHECK(a.stats().reserved_bytes.current == 0);
+    const std::size_t free1 = free_device_bytes();
+    std::printf("free after release_cached: %zu (start %zu)\n", free1, free0);
+    CHECK(free1 + (std::size_t{2} << 20) >= free0);
+  }
+  const std::size_t free2 = free_device_bytes();
+  std::printf("free after the allocator is gone: %zu (start %zu, diff %lld)\n", free2, free0,
+              static_cast<long long>(free2) - static_cast<long long>(free0));
+  CHECK(free2 + (std::size_t{2} << 20) >= free0);
+}
+
+TEST_CASE("std::pmr over the CUDA backend") {
+  gmlake::memory_resource<cuda_vmm> r{cuda_vmm(0, 32 * device_granularity())};
+  void* p = r.allocate(3 << 20, 256);
+  REQUIRE(gmlake_gpu::fill(p, 3 << 20, 5, nullptr) == cudaSuccess);
+  CHECK(gmlake_gpu::mismatches(p, 3 << 20, 5, nullptr) == 0);
+  CHECK_THROWS_AS((void)r.allocate(std::size_t{1} << 40, 256), gmlake::out_of_memory);
+  CHECK_THROWS_AS((void)r.allocate(64, 3), gmlake::bad_alignment);
+  r.deallocate(p, 3 << 20, 256);
+  gmlake_test::check_released(r.allocator());
+}
