@@ -23,8 +23,12 @@ extern "C" {
 
 typedef struct CUstream_st* gmlake_torch_stream; /* == cudaStream_t */
 
-/** Allocates size bytes on device for use on stream; NULL when out of memory
- *  (PyTorch then raises torch.OutOfMemoryError). size 0 gives a distinct pointer. */
+/** Allocates size bytes on device for use on stream. size 0 gives a distinct
+ *  pointer. On failure it throws (C++): gmlake::out_of_memory (a std::bad_alloc)
+ *  when memory ran out, gmlake::backend_error (a std::runtime_error) with the
+ *  driver's message otherwise; PyTorch turns either into a Python exception.
+ *  With the environment variable GMLAKE_TORCH_ON_FAILURE=null it returns NULL
+ *  instead (PyTorch's pluggable path does not check for NULL). */
 void* gmlake_torch_alloc(ssize_t size, int device, gmlake_torch_stream stream);
 
 /** Frees ptr, last used on stream. Unknown pointers are counted
