@@ -97,14 +97,16 @@ TEST_CASE("cuda backend: granularity, sizes, limit") {
   CHECK(b.release(c1.value) == gmlake::errc::ok);
   CHECK(b.release(c2.value) == gmlake::errc::ok);
   CHECK(b.created_bytes() == 0);
-  // A bad size is caught before the driver; a bad unmap is a driver error with its message.
+  // A bad size is caught before the driver; mapping a handle that does not exist is a
+  // driver error, reported with the call and the driver's message.
   CHECK(b.create(b.granularity() + 1).error == gmlake::errc::invalid);
   b.clear_failure();
   auto va = b.reserve(2 * b.granularity());
   REQUIRE(va);
-  CHECK(b.unmap(va.value, b.granularity()) == gmlake::errc::driver);
+  const cuda_vmm::chunk_type bogus{0xdead0000beefULL, b.granularity()};
+  CHECK(b.map(va.value, b.granularity(), bogus) == gmlake::errc::driver);
   REQUIRE(b.failure() != nullptr);
-  CHECK(std::string(b.failure()).find("cuMemUnmap") != std::string::npos);
+  CHECK(std::string(b.failure()).find("cuMemMap") != std::string::npos);
   std::printf("driver error as reported: %s\n", b.failure());
   CHECK(b.address_free(va.value, 2 * b.granularity()) == gmlake::errc::ok);
 }
@@ -212,10 +214,13 @@ TEST_CASE("stream order: memory freed under a running kernel is not handed to an
     a.deallocate(q, n, cu(st.b));
     REQUIRE(cudaStreamSynchronize(st.a) == cudaSuccess);
     CHECK(gmlake_gpu::mismatches(s, n, 3, st.a) == 0);  // the kernel wrote through the cached stitch
-    // On stream a the cached stitch is reused at once; release_cached under its running
-    // kernel must wait before unmapping it, or the kernel faults.
+    // Hold the range q had, so the cached stitch is the only free block that fits: on
+    // stream a it is reused at once. release_cached under its running kernel must wait
+    // before unmapping it, or the kernel faults.
+    void* q2 = a.allocate(n, cu(st.b));
     void* s2 = a.allocate(n, cu(st.a));
     CHECK(s2 == s);
+    CHECK(a.stats().cached_stitch_hits >= 1);
     REQUIRE(gmlake_gpu::spin_then_fill(s2, n, 5, spin_ns, st.a) == cudaSuccess);
     a.deallocate(s2, n, cu(st.a));
     CHECK(cudaStreamQuery(st.a) == cudaErrorNotReady);
@@ -225,6 +230,7 @@ TEST_CASE("stream order: memory freed under a running kernel is not handed to an
     CHECK(gmlake_gpu::mismatches(y1, C, 0, st.a) != SIZE_MAX);  // the context is healthy
     a.deallocate(y1, C, cu(st.a));
     a.deallocate(y2, C, cu(st.a));
+    a.deallocate(q2, n, cu(st.b));
   }
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   gmlake_test::check_released(a);
