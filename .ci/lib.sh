@@ -3,6 +3,11 @@
 
 ci_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
+# The CUDA toolkit, where installed, builds the GPU tests (they skip without a GPU).
+if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  export PATH=$PATH:/usr/local/cuda/bin
+fi
+
 # ci_configure DIR [meson options...]: configures DIR, or reconfigures it with
 # the given options when it is configured already (wiping it if that fails).
 ci_configure() {
@@ -37,6 +42,7 @@ ci_doctest_totals() {
 import json, re, sys
 path, totals, label = sys.argv[1:4]
 summary = re.compile(r"\[doctest\] test cases:\s*(\d+)\s*\|\s*(\d+)\s*passed\s*\|\s*(\d+)\s*failed")
+plain = re.compile(r"^()(\d+) passed, (\d+) failed\s*$", re.M)  # tests written in Python
 ansi = re.compile(r"\x1b\[[0-9;]*m")
 passed = failed = 0
 try:
@@ -45,7 +51,7 @@ except OSError:
     runs = []
 for run in runs:
     out = ansi.sub("", (run.get("stdout") or "") + (run.get("stderr") or ""))
-    found = summary.findall(out)
+    found = summary.findall(out) or plain.findall(out)
     p, f = (int(found[-1][1]), int(found[-1][2])) if found else (0, 0)
     result = run.get("result", "?")
     note = ""

@@ -97,17 +97,23 @@ TEST_CASE("cuda backend: granularity, sizes, limit") {
   CHECK(b.release(c1.value) == gmlake::errc::ok);
   CHECK(b.release(c2.value) == gmlake::errc::ok);
   CHECK(b.created_bytes() == 0);
-  // A bad size is caught before the driver; mapping a handle that does not exist is a
-  // driver error, reported with the call and the driver's message.
+  // A bad size is caught before the driver; mapping over a mapping is a driver error,
+  // reported with the call and the driver's message. (A handle that does not exist
+  // is not safe to pass: the driver may crash on it.)
   CHECK(b.create(b.granularity() + 1).error == gmlake::errc::invalid);
   b.clear_failure();
   auto va = b.reserve(2 * b.granularity());
   REQUIRE(va);
-  const cuda_vmm::chunk_type bogus{0xdead0000beefULL, b.granularity()};
-  CHECK(b.map(va.value, b.granularity(), bogus) == gmlake::errc::driver);
+  auto c = b.create(b.granularity());
+  REQUIRE(c);
+  REQUIRE(b.map(va.value, b.granularity(), c.value) == gmlake::errc::ok);
+  CHECK(b.failure() == nullptr);
+  CHECK(b.map(va.value, b.granularity(), c.value) == gmlake::errc::driver);
   REQUIRE(b.failure() != nullptr);
   CHECK(std::string(b.failure()).find("cuMemMap") != std::string::npos);
   std::printf("driver error as reported: %s\n", b.failure());
+  CHECK(b.unmap(va.value, b.granularity()) == gmlake::errc::ok);
+  CHECK(b.release(c.value) == gmlake::errc::ok);
   CHECK(b.address_free(va.value, 2 * b.granularity()) == gmlake::errc::ok);
 }
 
