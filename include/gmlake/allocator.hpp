@@ -139,6 +139,24 @@ class basic_allocator {
       s->reset_peak();
   }
 
+  /// Where the reserved bytes are now (for tuning; O(ranges)).
+  [[nodiscard]] memory_breakdown breakdown() const {
+    std::lock_guard lock(mutex_);
+    memory_breakdown m;
+    const auto s = small_.tally(), l = large_.tally();
+    m.requested = static_cast<std::size_t>(stats_.requested_bytes.current);
+    m.active = static_cast<std::size_t>(stats_.active_bytes.current);
+    m.small_reserved = s.reserved;
+    m.small_free = s.free_whole + s.free_partial;
+    m.large_reserved = l.reserved;
+    m.large_free_whole = l.free_whole;
+    m.large_free_partial = l.free_partial;
+    m.free_pending = s.free_pending + l.free_pending;
+    m.cached_stitches = lru_.size();
+    m.cached_stitch_bytes = cached_bytes_;
+    return m;
+  }
+
   /// Checks every structural property and that the statistics agree with the
   /// structures. Always compiled; asserted after every operation at GMLAKE_DEBUG 2.
   [[nodiscard]] bool check_invariants() const {
@@ -230,16 +248,21 @@ class basic_allocator {
 
     const bool stitching = !small && stitch_.stitches(size) && alignment <= block_alignment;
     if (stitching) {
-      if (void* p = reuse_stitch(size, requested, s)) return p;   // S1 on the cache
-      if (void* p = stitch(size, requested, s, false)) return p;  // S3
+      if (void* p = reuse_stitch(size, requested, s)) return p;  // S1 on the cache
+      stitch_plan plan;
+      if (plan_stitch(size, s, false, plan) && plan.fresh == 0)
+        if (void* p = stitch(plan, size, requested, s)) return p;  // S3
     }
-    if (stitch_.create_shortfall()) {  // S4: grow a free range by the shortfall
+    if (stitch_.create_shortfall()) {  // S4: create only the shortfall, the fewer new bytes of two ways
       typename arena_type::extension e;
-      if (a.find_extension(size + slack, usable, e)) {
+      const bool can_extend = a.find_extension(size + slack, usable, e);
+      stitch_plan plan;
+      const bool can_stitch = stitching && plan_stitch(size, s, true, plan);
+      if (can_extend && (!can_stitch || e.bytes <= plan.fresh)) {  // grow a free range by the shortfall
         if (auto r = a.extend(e)) return take(a, *r.value, size, requested, alignment, fit_state::s4_shortfall);
       }
-      if (stitching) {
-        if (void* p = stitch(size, requested, s, true)) return p;  // S4: stitch free pieces with new chunks
+      if (can_stitch) {
+        if (void* p = stitch(plan, size, requested, s)) return p;  // stitch free pieces with new chunks
       }
     }
     const std::uint32_t segment = stitch_.create_shortfall() ? 0 : a.new_segment();
@@ -320,9 +343,17 @@ class basic_allocator {
     return true;
   }
 
-  /// S3 (or S4 with `shortfall`): stitch the largest usable free ranges, plus new
-  /// chunks for what they lack when `shortfall`.
-  void* stitch(std::size_t size, std::size_t requested, std::uint32_t s, bool shortfall) noexcept {
+  /// A stitch worked out but not built: pieces_[0, pieces) from free ranges, and
+  /// `fresh` new bytes (whole chunks) still to create for the rest.
+  struct stitch_plan {
+    std::size_t pieces = 0;
+    std::size_t fresh = 0;
+  };
+
+  /// Picks the pieces of a stitch of `size` bytes from the largest usable free
+  /// ranges (the policy chooses). False when there is nothing to stitch, or when
+  /// the pieces fall short and `shortfall` does not allow new chunks.
+  bool plan_stitch(std::size_t size, std::uint32_t s, bool shortfall, stitch_plan& plan) noexcept {
     const usable_on usable{&streams_, s};
     std::size_t n = 0;
     for (auto it = large_.free_ranges().rbegin(); it != large_.free_ranges().rend() && n < max_candidates; ++it) {
@@ -332,12 +363,11 @@ class basic_allocator {
       if (sp.whole == 0) continue;
       candidates_[n++] = stitch_candidate{it->addr, sp.head, sp.whole, sp.tail};
     }
-    if (n == 0) return nullptr;
+    if (n == 0) return false;
     const std::span<stitch_candidate> c(candidates_.data(), n);
     std::size_t k = stitch_.select(c, size);
-    if (k == 0 || k > n) return nullptr;
+    if (k == 0 || k > n) return false;
     // Lay the pieces out: the first may start at its head, the last may end at its tail.
-    std::array<detail::stitch_piece, max_candidates + 1>& pieces = pieces_;
     std::size_t got = 0, m = 0;
     for (std::size_t i = 0; i < k && got < size; ++i) {
       const auto& x = c[i];
@@ -352,21 +382,27 @@ class basic_allocator {
         const std::uintptr_t end = round_up(lo + (size - got) - large_base_, chunk_) + large_base_;
         len = std::min<std::size_t>(len, end - lo);
       }
-      pieces[m++] = {lo, len};
+      pieces_[m++] = {lo, len};
       got += len;
     }
-    if (got < size) {
-      if (!shortfall || m < 1) return nullptr;
-      // S4: new chunks for the rest, at the start of the best-fitting hole.
-      const std::size_t need = round_up(size - got, chunk_);
+    plan.pieces = m;
+    plan.fresh = got < size ? round_up(size - got, chunk_) : 0;
+    return plan.fresh == 0 || (shortfall && m >= 1);
+  }
+
+  /// S3 (or S4 when plan.fresh > 0): builds the planned stitch, creating the new
+  /// chunks first.
+  void* stitch(const stitch_plan& plan, std::size_t size, std::size_t requested, std::uint32_t s) noexcept {
+    std::size_t m = plan.pieces;
+    if (plan.fresh > 0) {
+      // New chunks for the rest, at the start of the best-fitting hole.
       std::uintptr_t fresh = 0;
-      if (!large_.grow(need, 0, fresh)) return nullptr;
+      if (!large_.grow(plan.fresh, 0, fresh)) return nullptr;
       // The new bytes were a hole: they overlap no piece, whatever they merged with.
-      pieces[m++] = {fresh, need};
-      got += need;
+      pieces_[m++] = {fresh, plan.fresh};
     }
-    void* p = build(std::span(pieces.data(), m), size, requested, s, shortfall ? fit_state::s4_shortfall : fit_state::s3_stitch);
-    return p;
+    return build(std::span(pieces_.data(), m), size, requested, s,
+                 plan.fresh ? fit_state::s4_shortfall : fit_state::s3_stitch);
   }
 
   /// Maps the pieces side by side into a new reservation and claims the prefix.

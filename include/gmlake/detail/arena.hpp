@@ -219,6 +219,31 @@ class arena {
 
   [[nodiscard]] std::uint32_t new_segment() noexcept { return ++segments_; }
 
+  /// Where the arena's bytes are: chunk bytes held, used, free in whole chunks
+  /// (stitchable), free in partial chunks (heads and tails), free but still
+  /// pending on another stream. O(ranges).
+  struct tally_type {
+    std::size_t reserved = 0, used = 0, free_whole = 0, free_partial = 0, free_pending = 0;
+  };
+  [[nodiscard]] tally_type tally() const noexcept {
+    tally_type t;
+    for (const range& r : address_) {
+      if (r.state == range_state::hole) continue;
+      if (!r.is_free()) {
+        t.used += r.size;
+        continue;
+      }
+      if (!streams_.known_done(r.tag)) t.free_pending += r.size;
+      const auto sp = split_of(r);
+      t.free_whole += sp.whole;
+      t.free_partial += sp.head + sp.tail;
+    }
+    for (const slot& s : slots_)
+      if (s.mapped) t.reserved += chunk_;
+    return t;
+  }
+
+
   /// Every stated property of the tiling, the indexes and the slots.
   [[nodiscard]] bool check(std::size_t& reserved, std::size_t& used, std::size_t& live) const noexcept {
     if (size_ == 0) return true;
