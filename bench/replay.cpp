@@ -151,6 +151,7 @@ class costed {
   using event_type = parent_type::event_type;
   struct call_counts {
     std::array<std::uint64_t, gmlake::call_count> calls{};
+    std::array<double, gmlake::call_count> us_of{};  ///< modelled us by call kind
     double us = 0;
   };
 
@@ -186,14 +187,14 @@ class costed {
   gmlake::errc set_access(std::uintptr_t va, std::size_t n) noexcept {
     ++counts_.calls[static_cast<std::size_t>(gmlake::call::set_access)];
     for (auto it = handles_.lower_bound(va); it != handles_.end() && it->first < va + n; ++it)
-      counts_.us += cost_->us(gmlake::call::set_access, it->second);
+      add(gmlake::call::set_access, cost_->us(gmlake::call::set_access, it->second));
     return parent_.set_access(va, n);
   }
   gmlake::errc unmap(std::uintptr_t va, std::size_t n) noexcept {
     ++counts_.calls[static_cast<std::size_t>(gmlake::call::unmap)];
     auto it = handles_.lower_bound(va);
     while (it != handles_.end() && it->first < va + n) {
-      counts_.us += cost_->us(gmlake::call::unmap, it->second);
+      add(gmlake::call::unmap, cost_->us(gmlake::call::unmap, it->second));
       it = handles_.erase(it);
     }
     return parent_.unmap(va, n);
@@ -209,7 +210,11 @@ class costed {
  private:
   void charge(gmlake::call k, std::size_t n) noexcept {
     ++counts_.calls[static_cast<std::size_t>(k)];
-    counts_.us += cost_->us(k, n);
+    add(k, cost_->us(k, n));
+  }
+  void add(gmlake::call k, double us) noexcept {
+    counts_.us += us;
+    counts_.us_of[static_cast<std::size_t>(k)] += us;
   }
   parent_type parent_;
   const cost_model* cost_;
@@ -228,6 +233,8 @@ struct outcome {
   gmlake::memory_breakdown at_peak{};  ///< where the bytes were when the peak reserved was reached
   std::uint64_t live_at_peak = 0;      ///< live (512 B rounded) then
   std::size_t chunk = 0;
+  std::array<double, gmlake::call_count> us_after_4{};
+  std::array<std::uint64_t, gmlake::call_count> calls_after_4_of{};
   bool invariants = true;
 };
 
@@ -320,7 +327,11 @@ outcome replay(const trace& t, const char* name, const knobs& k, Allocator& a) {
   o.evictions = st.evictions;
   o.stitches = static_cast<std::uint64_t>(st.stitched_blocks.allocated);
   if (seen4) {
-    for (std::size_t c = 0; c < gmlake::call_count; ++c) o.calls_after_4 += now.calls[c] - at4.calls[c];
+    for (std::size_t c = 0; c < gmlake::call_count; ++c) {
+      o.calls_after_4 += now.calls[c] - at4.calls[c];
+      o.calls_after_4_of[c] = now.calls[c] - at4.calls[c];
+      o.us_after_4[c] = now.us_of[c] - at4.us_of[c];
+    }
     const auto create = static_cast<std::size_t>(gmlake::call::create);
     o.creates_after_4 = now.calls[create] - at4.calls[create];
     o.driver_us_per_iter_after_4 = o.iters_after_4 ? (now.us - at4.us) / static_cast<double>(o.iters_after_4) : 0;
@@ -391,9 +402,12 @@ int main(int argc, char** argv) {
     else if (a == "--small-max-kib" && i + 1 < argc) k.opt.small_max = num(1024);
     else if (a == "--cached-scan" && i + 1 < argc) k.opt.cached_scan = num(1);
     else if (a == "--pieces" && i + 1 < argc) k.pieces = num(1);
+    else if (a == "--no-lend") k.opt.lend_at_peak = false;
+    else if (a == "--max-handle-mib" && i + 1 < argc) k.opt.max_handle = num(std::size_t{1} << 20);
     else if (a == "-h" || a == "--help") {
       std::printf("usage: gmlake-replay [--json] [--breakdown] [--config NAME]... [--cost-model FILE]\n"
                   "                     [--timeline DIR] [--chunk-mib N] [--small-max-kib N] [--cached-scan N]\n"
+                  "                     [--pieces N] [--max-handle-mib N]\n"
                   "                     TRACE.trace.gz...\nconfigurations:");
       for (const auto& n : config_names()) std::printf(" %s", n.c_str());
       std::puts("\n(default: gmlake bfc expandable gmlake-paper). Progress goes to stderr when it is a terminal.");
@@ -463,12 +477,18 @@ int main(int argc, char** argv) {
         if (breakdown) {
           const double mb = 1e6;
           std::printf("    at peak reserved: live %.0f MB (%.0f MB below peak live); inside blocks %.0f MB; small arena "
-                      "free %.0f of %.0f MB; large free %.0f MB whole chunks + %.0f MB partial chunks; pending %.0f "
-                      "MB; cached stitches %zu (%.0f MB VA)\n",
+                      "free %.0f of %.0f MB; large free %.0f MB whole chunks + %.0f MB partial chunks; cached stitches %zu (%.0f MB VA)\n",
                       o.live_at_peak / mb, (o.peak_live - o.live_at_peak) / mb,
                       (b.active - static_cast<double>(o.live_at_peak)) / mb, b.small_free / mb, b.small_reserved / mb,
-                      b.large_free_whole / mb, b.large_free_partial / mb, b.free_pending / mb, b.cached_stitches,
+                      b.large_free_whole / mb, b.large_free_partial / mb, b.cached_stitches,
                       b.cached_stitch_bytes / mb);
+          std::printf("    after i 4 (calls, us):");
+          for (std::size_t c = 0; c < gmlake::call_count; ++c)
+            std::printf(" %s %llu %.0f;", gmlake::call_names[c], (unsigned long long)o.calls_after_4_of[c],
+                        o.us_after_4[c]);
+          std::printf(" S1 %llu S2 %llu S3 %llu S4 %llu hits %llu evictions %llu\n", (unsigned long long)o.fit[0],
+                      (unsigned long long)o.fit[1], (unsigned long long)o.fit[2], (unsigned long long)o.fit[3],
+                      (unsigned long long)o.cached_hits, (unsigned long long)o.evictions);
         }
       }
       std::fflush(stdout);

@@ -48,6 +48,14 @@ struct options {
   std::size_t chunk_size = 0;                    ///< chunk bytes; 0: the backend's granularity
   std::size_t va_factor = 2;                     ///< each arena reserves va_factor x capacity of VA
   std::size_t cached_scan = 8;                   ///< cached stitched blocks tried per request
+  /// Largest physical handle that growth of the large arena creates at once (a
+  /// multiple of chunk_size; 0 or chunk_size: one handle per chunk; 32 MiB measured
+  /// best across bench/ traces, docs/benchmarks.md). Driver cost
+  /// grows with the number of handles, not bytes; stitching maps whole handles.
+  std::size_t max_handle = std::size_t{32} << 20;
+  /// Before growth of the large arena that would pass the peak reserved, release the
+  /// small arena's free whole chunks (waits for pending stream work first; only at new peaks).
+  bool lend_at_peak = true;
   /// Called on misuse (double or foreign free) with a message; nullptr: abort with the
   /// message when GMLAKE_DEBUG >= 1, ignore otherwise.
   void (*on_misuse)(const char* what, void* pointer) = nullptr;
@@ -71,7 +79,7 @@ class basic_allocator {
         chunk_(opt.chunk_size ? round_up(opt.chunk_size, backend_.granularity()) : backend_.granularity()),
         streams_(backend_, stats_),
         small_(backend_, nodes_, streams_, stats_, chunk_),
-        large_(backend_, nodes_, streams_, stats_, chunk_) {
+        large_(backend_, nodes_, streams_, stats_, chunk_, round_up(opt.max_handle, chunk_)) {
     const std::size_t va = round_up(backend_.capacity(), chunk_) * (opt_.va_factor ? opt_.va_factor : 1);
     if (errc e = small_.open(va); e != errc::ok) fail_open(e);
     if (errc e = large_.open(va); e != errc::ok) {
@@ -253,6 +261,13 @@ class basic_allocator {
       if (plan_stitch(size, s, false, plan) && plan.fresh == 0)
         if (void* p = stitch(plan, size, requested, s)) return p;  // S3
     }
+    // Growth of the large arena is next. If it would pass the peak reserved so far,
+    // first give the small arena's free whole chunks back, so physical memory moves
+    // to where it is needed instead of adding up (options::lend_at_peak). Only this
+    // way: releasing large-arena chunks for the small one churns (measured).
+    if (opt_.lend_at_peak && !small &&
+        stats_.reserved_bytes.current + static_cast<std::int64_t>(size) > stats_.reserved_bytes.peak)
+      lend(small_);
     if (stitch_.create_shortfall()) {  // S4: create only the shortfall, the fewer new bytes of two ways
       typename arena_type::extension e;
       const bool can_extend = a.find_extension(size + slack, usable, e);
@@ -378,8 +393,8 @@ class basic_allocator {
         len += x.head;
       }
       if (!shortfall && i + 1 == k) len += x.tail;
-      if (got + len > size) {  // the last piece: only the chunks the request needs
-        const std::uintptr_t end = round_up(lo + (size - got) - large_base_, chunk_) + large_base_;
+      if (got + len > size) {  // the last piece: only the handles the request needs
+        const std::uintptr_t end = large_.handle_end(lo + (size - got) - 1);
         len = std::min<std::size_t>(len, end - lo);
       }
       pieces_[m++] = {lo, len};
@@ -409,7 +424,7 @@ class basic_allocator {
   void* build(std::span<const detail::stitch_piece> pieces, std::size_t size, std::size_t requested,
               std::uint32_t s, fit_state st) noexcept {
     std::size_t mapped = 0;
-    for (const auto& p : pieces) mapped += chunk_span(p) * chunk_;
+    for (const auto& p : pieces) mapped += span_bytes(p);
     auto* b = new (std::nothrow) stitch_block;
     if (b == nullptr) return nullptr;
     try {
@@ -428,12 +443,12 @@ class basic_allocator {
     std::size_t done = 0;
     errc failure = errc::ok;
     for (const auto& p : pieces) {
-      const std::uintptr_t first = chunk_floor(p.addr);
-      for (std::size_t j = 0; j < chunk_span(p) && failure == errc::ok; ++j) {
-        failure = backend_.map(va.value + done, chunk_, large_.slot_of(first + j * chunk_).chunk);
+      large_.for_each_handle(p.addr, p.addr + p.size, [&](std::uintptr_t, std::size_t bytes, const auto& chunk) {
+        if (failure != errc::ok) return;
+        failure = backend_.map(va.value + done, bytes, chunk);
         count(call::map);
-        if (failure == errc::ok) done += chunk_;
-      }
+        if (failure == errc::ok) done += bytes;
+      });
       if (failure != errc::ok) break;
     }
     if (failure == errc::ok) {
@@ -441,7 +456,7 @@ class basic_allocator {
       count(call::set_access);
     }
     if (failure != errc::ok) {  // roll back
-      for (std::size_t off = 0; off < done; off += chunk_) (void)backend_.unmap(va.value + off, chunk_);
+      if (done > 0) (void)backend_.unmap(va.value, done);  // one call over every mapped handle
       count(call::unmap, done / chunk_);
       (void)backend_.address_free(va.value, mapped);
       count(call::address_free);
@@ -449,13 +464,12 @@ class basic_allocator {
       return nullptr;
     }
     for (const auto& p : pieces) {
-      const std::uintptr_t first = chunk_floor(p.addr);
-      for (std::size_t j = 0; j < chunk_span(p); ++j) ++large_.slot_of(first + j * chunk_).stitch_refs;
+      large_.pin(p.addr, p.end(), 1);
       b->capacity += p.size;
     }
     b->va = va.value;
     b->mapped = mapped;
-    b->pointer = va.value + (pieces.front().addr - chunk_floor(pieces.front().addr));
+    b->pointer = va.value + (pieces.front().addr - large_.handle_floor(pieces.front().addr));
     by_pointer_.insert(*b);
     stats_.stitched_blocks.add(1);
     stats_.mapped_bytes.add(static_cast<std::int64_t>(mapped));
@@ -467,11 +481,9 @@ class basic_allocator {
     return reinterpret_cast<void*>(b->pointer);
   }
 
-  [[nodiscard]] std::uintptr_t chunk_floor(std::uintptr_t a) const noexcept {
-    return round_down(a - large_base_, chunk_) + large_base_;
-  }
-  [[nodiscard]] std::size_t chunk_span(const detail::stitch_piece& p) const noexcept {
-    return (round_up(p.addr + p.size - large_base_, chunk_) - round_down(p.addr - large_base_, chunk_)) / chunk_;
+  /// Bytes of the handles that hold piece p (what a stitch maps for it).
+  [[nodiscard]] std::size_t span_bytes(const detail::stitch_piece& p) const noexcept {
+    return large_.handle_end(p.end() - 1) - large_.handle_floor(p.addr);
   }
 
   // ------------------------------------------------------------ free
@@ -558,10 +570,7 @@ class basic_allocator {
     }
     (void)backend_.address_free(b.va, b.mapped);
     count(call::address_free);
-    for (const auto& p : b.pieces) {
-      const std::uintptr_t first = chunk_floor(p.addr);
-      for (std::size_t j = 0; j < chunk_span(p); ++j) --large_.slot_of(first + j * chunk_).stitch_refs;
-    }
+    for (const auto& p : b.pieces) large_.pin(p.addr, p.end(), -1);
     if (b.cached) {
       cache_.erase(cache_.iterator_to(b));
       lru_.erase(lru_.iterator_to(b));
@@ -575,6 +584,14 @@ class basic_allocator {
     stats_.mapped_bytes.sub(static_cast<std::int64_t>(b.mapped));
     delete &b;
     return true;
+  }
+
+  /// Releases the free whole chunks of arena `from` that no stitched block maps.
+  void lend(arena_type& from) noexcept {
+    if (from.free_count() == 0) return;
+    (void)streams_.wait_all();
+    from.coalesce_all();
+    stats_.lent_bytes += from.release_free_chunks();
   }
 
   std::size_t release_cached_locked() noexcept {

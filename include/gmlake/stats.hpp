@@ -59,6 +59,7 @@ struct statistics {
   std::uint64_t num_alloc_retries = 0;   ///< requests that released cache and retried
   std::uint64_t num_ooms = 0;            ///< requests that failed
   std::uint64_t invalid_frees = 0;       ///< deallocate of a pointer not live here (ignored)
+  std::uint64_t lent_bytes = 0;          ///< free chunk bytes released to let the other arena grow
 };
 
 /// Where the reserved bytes are at one moment (basic_allocator::breakdown()):
