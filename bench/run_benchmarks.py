@@ -98,7 +98,7 @@ def main():
              "in `../shared/traces` (real PyTorch jobs on an H200) and `bench/traces/synthetic`",
              "(`bench/synth_traces.py`). Simulated backend; modelled driver time from the per-handle",
              "H200 cost model `bench/h200-vmm-cost-model.txt`; `ns/op` is this machine's CPU time per",
-             "allocate or free (noisy, 2 cores). Fragmentation = 1 - peak live / peak reserved.", "",
+             "allocate or free, best of two runs (noisy on 2 cores; tiny traces the most). Fragmentation = 1 - peak live / peak reserved.", "",
              "The bar (issue): fragmentation at most 2% and no higher than the best peer; modelled driver",
              "time after the `i 4` marker at most 2 ms per iteration; gmlake's ns/op within 1.5x of bfc's",
              "in the same run; no chunk created after `i 4` on opt1.3b-ckpt.", "",
@@ -110,6 +110,9 @@ def main():
         rows = run(a.replay, t, timeline)
         if not rows:
             continue
+        # ns/op: best of two runs (as the peers' figures), the rest is deterministic.
+        for r, r2 in zip(rows, run(a.replay, t, tempfile.mkdtemp(prefix="gmlake-timeline-"))):
+            r["ns_per_op"] = min(r["ns_per_op"], r2["ns_per_op"])
         name = rows[0]["trace"]
         by = {r["allocator"]: r for r in rows}
         g, b = by["gmlake"], by["bfc"]
