@@ -9,7 +9,9 @@
 // marker are costed with the H200 cost model (bench/h200-vmm-cost-model.txt).
 #include <gmlake/gmlake.hpp>
 
+#include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -69,72 +71,203 @@ bool load(const std::string& path, trace& t) {
   return rc == 0 && !t.events.empty();
 }
 
-/// Microseconds per backend call kind (per chunk for map, set_access, unmap).
+/// Modelled driver time: microseconds per call and per physical handle, by handle
+/// size. Each key has points (MiB, us) measured on the H200; between points the
+/// cost is interpolated linearly in log2(size), outside them it is clamped. A key
+/// with a single value is a flat cost. map, set_access and unmap are charged per
+/// handle in the range (their cost grows with the number of handles, not bytes);
+/// reserve and address_free per call by reservation size; create and release per
+/// handle by its size.
 struct cost_model {
-  double reserve = 1, address_free = 1, create = 11, release = 11, map_per_chunk = 1,
-         set_access_per_chunk = 25, unmap_per_chunk = 16;
+  struct curve {
+    std::vector<std::pair<double, double>> points;  // (log2 bytes, us)
+    double at(std::size_t bytes) const {
+      if (points.empty()) return 0;
+      const double x = std::log2(static_cast<double>(bytes ? bytes : 1));
+      if (x <= points.front().first) return points.front().second;
+      if (x >= points.back().first) return points.back().second;
+      for (std::size_t i = 1; i < points.size(); ++i)
+        if (x <= points[i].first) {
+          const auto& [x0, y0] = points[i - 1];
+          const auto& [x1, y1] = points[i];
+          return y0 + (y1 - y0) * (x - x0) / (x1 - x0);
+        }
+      return points.back().second;
+    }
+  };
+  std::array<curve, gmlake::call_count> c;
 
+  cost_model() {
+    // bench/h200-vmm-cost-model.txt, so the tool works without the file.
+    set("reserve", {{2, 0.6}, {20, 0.7}, {512, 5.1}});
+    set("address_free", {{2, 0.6}, {20, 0.5}, {512, 4.6}});
+    set("create", {{2, 10.9}, {20, 7.6}, {512, 36.0}});
+    set("release", {{2, 11.2}, {20, 14.5}, {512, 234.8}});
+    set("map", {{2, 0.9}, {20, 0.6}, {512, 1.7}});
+    set("set_access", {{2, 24.7}, {20, 20.3}, {512, 75.6}});
+    set("unmap", {{2, 16.3}, {20, 13.9}, {512, 33.1}});
+  }
+  static int index(const std::string& k) {
+    for (std::size_t i = 0; i < gmlake::call_count; ++i)
+      if (k == gmlake::call_names[i]) return static_cast<int>(i);
+    return -1;
+  }
+  void set(const std::string& k, std::vector<std::pair<double, double>> mib_us) {
+    const int i = index(k);
+    if (i < 0) return;
+    c[i].points.clear();
+    for (auto [mib, us] : mib_us) c[i].points.push_back({std::log2(mib * 1048576.0), us});
+  }
   bool read(const std::string& path) {
     std::ifstream in(path);
     if (!in) return false;
-    std::string key;
-    double v;
-    std::map<std::string, double*> keys = {{"reserve", &reserve},
-                                           {"address_free", &address_free},
-                                           {"create", &create},
-                                           {"release", &release},
-                                           {"map_per_chunk", &map_per_chunk},
-                                           {"set_access_per_chunk", &set_access_per_chunk},
-                                           {"unmap_per_chunk", &unmap_per_chunk}};
     std::string line;
     while (std::getline(in, line)) {
       if (line.empty() || line[0] == '#') continue;
       std::istringstream ls(line);
-      if (ls >> key >> v) {
-        if (auto it = keys.find(key); it != keys.end()) *it->second = v;
+      std::string key;
+      ls >> key;
+      std::vector<double> v;
+      for (double x; ls >> x;) v.push_back(x);
+      if (v.size() == 1) set(key, {{2, v[0]}});
+      else if (v.size() >= 2) {
+        std::vector<std::pair<double, double>> pts;
+        for (std::size_t i = 0; i + 1 < v.size(); i += 2) pts.push_back({v[i], v[i + 1]});
+        set(key, pts);
       }
     }
     return true;
   }
-
-  template <class Counts>
-  double us(const Counts& c, std::size_t granularity) const {
-    auto n = [&](gmlake::call k) { return static_cast<double>(c.calls[static_cast<std::size_t>(k)]); };
-    auto chunks = [&](gmlake::call k) {
-      return static_cast<double>(c.bytes[static_cast<std::size_t>(k)]) / static_cast<double>(granularity);
-    };
-    using gmlake::call;
-    return reserve * n(call::reserve) + address_free * n(call::address_free) + create * n(call::create) +
-           release * n(call::release) + map_per_chunk * chunks(call::map) +
-           set_access_per_chunk * chunks(call::set_access) + unmap_per_chunk * chunks(call::unmap);
-  }
+  double us(gmlake::call k, std::size_t bytes) const { return c[static_cast<std::size_t>(k)].at(bytes); }
 };
+
+/// The simulated backend, counting calls and charging each its modelled driver time
+/// (per handle: it remembers which handle is mapped where).
+class costed {
+ public:
+  using parent_type = gmlake::backend::simulated;
+  using chunk_type = parent_type::chunk_type;
+  using stream_type = parent_type::stream_type;
+  using event_type = parent_type::event_type;
+  struct call_counts {
+    std::array<std::uint64_t, gmlake::call_count> calls{};
+    std::array<double, gmlake::call_count> us_of{};  ///< modelled us by call kind
+    double us = 0;
+  };
+
+  costed(std::size_t capacity, std::size_t granularity, const cost_model* cost) noexcept
+      : parent_(capacity, granularity), cost_(cost) {}
+  const call_counts& counts() const noexcept { return counts_; }
+  std::size_t granularity() const noexcept { return parent_.granularity(); }
+  std::size_t capacity() const noexcept { return parent_.capacity(); }
+  std::size_t created_bytes() const noexcept { return parent_.created_bytes(); }
+
+  gmlake::result<std::uintptr_t> reserve(std::size_t n) noexcept {
+    charge(gmlake::call::reserve, n);
+    return parent_.reserve(n);
+  }
+  gmlake::errc address_free(std::uintptr_t va, std::size_t n) noexcept {
+    charge(gmlake::call::address_free, n);
+    return parent_.address_free(va, n);
+  }
+  gmlake::result<chunk_type> create(std::size_t n) noexcept {
+    charge(gmlake::call::create, n);
+    return parent_.create(n);
+  }
+  gmlake::errc release(chunk_type c) noexcept {
+    charge(gmlake::call::release, c.size);
+    return parent_.release(c);
+  }
+  gmlake::errc map(std::uintptr_t va, std::size_t n, chunk_type c) noexcept {
+    charge(gmlake::call::map, n);
+    const gmlake::errc e = parent_.map(va, n, c);
+    if (e == gmlake::errc::ok) handles_[va] = n;
+    return e;
+  }
+  gmlake::errc set_access(std::uintptr_t va, std::size_t n) noexcept {
+    ++counts_.calls[static_cast<std::size_t>(gmlake::call::set_access)];
+    for (auto it = handles_.lower_bound(va); it != handles_.end() && it->first < va + n; ++it)
+      add(gmlake::call::set_access, cost_->us(gmlake::call::set_access, it->second));
+    return parent_.set_access(va, n);
+  }
+  gmlake::errc unmap(std::uintptr_t va, std::size_t n) noexcept {
+    ++counts_.calls[static_cast<std::size_t>(gmlake::call::unmap)];
+    auto it = handles_.lower_bound(va);
+    while (it != handles_.end() && it->first < va + n) {
+      add(gmlake::call::unmap, cost_->us(gmlake::call::unmap, it->second));
+      it = handles_.erase(it);
+    }
+    return parent_.unmap(va, n);
+  }
+  gmlake::result<event_type> record(stream_type s) noexcept {
+    ++counts_.calls[static_cast<std::size_t>(gmlake::call::record)];
+    return parent_.record(s);
+  }
+  gmlake::result<bool> query(event_type e) noexcept { return parent_.query(e); }
+  gmlake::errc synchronize(event_type e) noexcept { return parent_.synchronize(e); }
+  void destroy(event_type e) noexcept { parent_.destroy(e); }
+
+ private:
+  void charge(gmlake::call k, std::size_t n) noexcept {
+    ++counts_.calls[static_cast<std::size_t>(k)];
+    add(k, cost_->us(k, n));
+  }
+  void add(gmlake::call k, double us) noexcept {
+    counts_.us += us;
+    counts_.us_of[static_cast<std::size_t>(k)] += us;
+  }
+  parent_type parent_;
+  const cost_model* cost_;
+  call_counts counts_{};
+  std::map<std::uintptr_t, std::size_t> handles_;
+};
+static_assert(gmlake::PhysicalBackend<costed>);
 
 struct outcome {
   std::string allocator;
   std::uint64_t peak_live = 0, peak_reserved = 0, peak_mapped = 0, failed = 0;
   std::uint64_t calls = 0, creates_after_4 = 0, calls_after_4 = 0;
   double driver_us_per_iter_after_4 = 0, ns_per_op = 0;
-  std::uint64_t iters_after_4 = 0, stitches = 0, cached_hits = 0;
+  std::uint64_t iters_after_4 = 0, stitches = 0, cached_hits = 0, evictions = 0;
   std::array<std::uint64_t, gmlake::fit_state_count> fit{};
+  gmlake::memory_breakdown at_peak{};  ///< where the bytes were when the peak reserved was reached
+  std::uint64_t live_at_peak = 0;      ///< live (512 B rounded) then
+  std::size_t chunk = 0;
+  std::array<double, gmlake::call_count> us_after_4{};
+  std::array<std::uint64_t, gmlake::call_count> calls_after_4_of{};
   bool invariants = true;
 };
 
-using backend = gmlake::backend::counting<gmlake::backend::simulated>;
+/// Tunables given on the command line (the same for every configuration).
+struct knobs {
+  gmlake::options opt;
+  std::string timeline_dir;  ///< write TRACE.CONFIG.csv (event, live, reserved) here
+  std::size_t pieces = 0;    ///< 0: the policy's default cap on pieces per stitch
+};
 
 template <class Allocator>
-outcome replay(const trace& t, const char* name, const cost_model& cost, Allocator& a) {
+outcome replay(const trace& t, const char* name, const knobs& k, Allocator& a) {
   outcome o;
   o.allocator = name;
+  o.chunk = a.chunk_size();
   std::vector<void*> ptrs(t.ids, nullptr);
   std::vector<std::uint64_t> sizes(t.ids, 0);
   std::vector<std::uintptr_t> streams(t.ids, 0);
   std::uint64_t live = 0;
-  backend::call_counts at4{};
+  costed::call_counts at4{};
   bool seen4 = false;
   std::uint64_t ops = 0;
   const bool tty = isatty(STDERR_FILENO) != 0;
   const std::size_t step = t.events.size() / 100 + 1;
+  std::size_t peak_created = 0;
+  std::chrono::steady_clock::duration aside{};  // time spent on the breakdown, not the allocator
+  std::FILE* timeline = nullptr;
+  if (!k.timeline_dir.empty()) {
+    const std::string path = k.timeline_dir + "/" + t.name + "." + name + ".csv";
+    timeline = std::fopen(path.c_str(), "w");
+    if (timeline) std::fputs("event,live_bytes,reserved_bytes\n", timeline);
+  }
+  const std::size_t sample = t.events.size() / 2000 + 1;
   const auto t0 = std::chrono::steady_clock::now();
   for (std::size_t i = 0; i < t.events.size(); ++i) {
     const event& e = t.events[i];
@@ -151,6 +284,13 @@ outcome replay(const trace& t, const char* name, const cost_model& cost, Allocat
         sizes[e.id] = gmlake::round_up(e.bytes == 0 ? 1 : e.bytes, 512);
         live += sizes[e.id];
         if (live > o.peak_live) o.peak_live = live;
+        if (a.backend().created_bytes() > peak_created) {  // a new peak reserved: see where the bytes are
+          const auto b0 = std::chrono::steady_clock::now();
+          peak_created = a.backend().created_bytes();
+          o.at_peak = a.breakdown();
+          o.live_at_peak = live;
+          aside += std::chrono::steady_clock::now() - b0;
+        }
         break;
       }
       case event::free:
@@ -169,10 +309,13 @@ outcome replay(const trace& t, const char* name, const cost_model& cost, Allocat
         }
         break;
     }
+    if (timeline && i % sample == 0)
+      std::fprintf(timeline, "%zu,%llu,%zu\n", i, (unsigned long long)live, a.backend().created_bytes());
     if (tty && i % step == 0)
       std::fprintf(stderr, "\r  %-20s %-14s %3zu%%", t.name.c_str(), name, i * 100 / t.events.size());
   }
   const auto t1 = std::chrono::steady_clock::now();
+  if (timeline) std::fclose(timeline);
   if (tty) std::fprintf(stderr, "\r%60s\r", "");
   const auto st = a.stats();
   const auto& now = a.backend().counts();
@@ -181,19 +324,19 @@ outcome replay(const trace& t, const char* name, const cost_model& cost, Allocat
   for (auto c : now.calls) o.calls += c;
   o.fit = st.fit;
   o.cached_hits = st.cached_stitch_hits;
+  o.evictions = st.evictions;
   o.stitches = static_cast<std::uint64_t>(st.stitched_blocks.allocated);
   if (seen4) {
-    backend::call_counts d{};
-    for (std::size_t k = 0; k < gmlake::call_count; ++k) {
-      d.calls[k] = now.calls[k] - at4.calls[k];
-      d.bytes[k] = now.bytes[k] - at4.bytes[k];
-      o.calls_after_4 += d.calls[k];
+    for (std::size_t c = 0; c < gmlake::call_count; ++c) {
+      o.calls_after_4 += now.calls[c] - at4.calls[c];
+      o.calls_after_4_of[c] = now.calls[c] - at4.calls[c];
+      o.us_after_4[c] = now.us_of[c] - at4.us_of[c];
     }
-    o.creates_after_4 = d.calls[static_cast<std::size_t>(gmlake::call::create)];
-    o.driver_us_per_iter_after_4 =
-        o.iters_after_4 ? cost.us(d, a.backend().granularity()) / static_cast<double>(o.iters_after_4) : 0;
+    const auto create = static_cast<std::size_t>(gmlake::call::create);
+    o.creates_after_4 = now.calls[create] - at4.calls[create];
+    o.driver_us_per_iter_after_4 = o.iters_after_4 ? (now.us - at4.us) / static_cast<double>(o.iters_after_4) : 0;
   }
-  o.ns_per_op = ops ? std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(ops) : 0;
+  o.ns_per_op = ops ? std::chrono::duration<double, std::nano>(t1 - t0 - aside).count() / static_cast<double>(ops) : 0;
   o.invariants = a.check_invariants();
   // Leave nothing behind: free what the trace never freed.
   for (std::size_t i = 0; i < ptrs.size(); ++i)
@@ -204,21 +347,31 @@ outcome replay(const trace& t, const char* name, const cost_model& cost, Allocat
 }
 
 template <class Allocator, class... Policies>
-outcome run(const trace& t, const char* name, const cost_model& cost, Policies... p) {
-  gmlake::options opt;
-  auto a = std::make_unique<Allocator>(backend(std::size_t{1} << 40), opt, p...);
-  return replay(t, name, cost, *a);
+outcome run(const trace& t, const char* name, const knobs& k, const cost_model& cost, Policies... p) {
+  auto a = std::make_unique<Allocator>(costed(std::size_t{1} << 40, 0, &cost), k.opt, p...);
+  return replay(t, name, k, *a);
 }
 
-outcome run_config(const trace& t, const std::string& config, const cost_model& cost) {
+/// Every configuration the tool knows: the named ones of configs.hpp first.
+const std::vector<std::string>& config_names() {
+  static const std::vector<std::string> names = {"gmlake", "bfc", "expandable", "gmlake-paper", "largest-first"};
+  return names;
+}
+
+outcome run_config(const trace& t, const std::string& config, const knobs& k, const cost_model& cost) {
   using namespace gmlake;
-  if (config == "gmlake") return run<gmlake_allocator<backend>>(t, "gmlake", cost);
-  if (config == "bfc") return run<bfc_allocator<backend>>(t, "bfc", cost);
-  if (config == "expandable") return run<expandable_allocator<backend>>(t, "expandable", cost);
+  using backend = costed;
+  if (config == "gmlake") {
+    policy::best_fit_pieces p;
+    if (k.pieces) p.pieces = k.pieces;
+    return run<gmlake_allocator<backend>>(t, "gmlake", k, cost, p);
+  }
+  if (config == "bfc") return run<bfc_allocator<backend>>(t, "bfc", k, cost);
+  if (config == "expandable") return run<expandable_allocator<backend>>(t, "expandable", k, cost);
   if (config == "gmlake-paper")
-    return run<gmlake_paper_allocator<backend>>(t, "gmlake-paper", cost, gmlake_paper_stitch);
+    return run<gmlake_paper_allocator<backend>>(t, "gmlake-paper", k, cost, gmlake_paper_stitch);
   if (config == "largest-first")
-    return run<gmlake_paper_allocator<backend>>(t, "largest-first", cost, policy::largest_first{});
+    return run<gmlake_paper_allocator<backend>>(t, "largest-first", k, cost, policy::largest_first{});
   outcome o;
   o.allocator = config;
   o.failed = ~0ull;
@@ -233,17 +386,31 @@ double frag(const outcome& o) {
 } // namespace
 
 int main(int argc, char** argv) {
-  bool json = false;
+  bool json = false, breakdown = false;
   std::vector<std::string> configs, files;
   std::string cost_path;
+  knobs k;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    auto num = [&](std::size_t unit) { return static_cast<std::size_t>(std::stoull(argv[++i])) * unit; };
     if (a == "--json") json = true;
+    else if (a == "--breakdown") breakdown = true;
     else if (a == "--config" && i + 1 < argc) configs.push_back(argv[++i]);
     else if (a == "--cost-model" && i + 1 < argc) cost_path = argv[++i];
+    else if (a == "--timeline" && i + 1 < argc) k.timeline_dir = argv[++i];
+    else if (a == "--chunk-mib" && i + 1 < argc) k.opt.chunk_size = num(std::size_t{1} << 20);
+    else if (a == "--small-max-kib" && i + 1 < argc) k.opt.small_max = num(1024);
+    else if (a == "--cached-scan" && i + 1 < argc) k.opt.cached_scan = num(1);
+    else if (a == "--pieces" && i + 1 < argc) k.pieces = num(1);
+    else if (a == "--no-lend") k.opt.lend_at_peak = false;
+    else if (a == "--max-handle-mib" && i + 1 < argc) k.opt.max_handle = num(std::size_t{1} << 20);
     else if (a == "-h" || a == "--help") {
-      std::puts("usage: gmlake-replay [--json] [--config gmlake|bfc|expandable|gmlake-paper|largest-first]... "
-                "[--cost-model FILE] TRACE.trace.gz...");
+      std::printf("usage: gmlake-replay [--json] [--breakdown] [--config NAME]... [--cost-model FILE]\n"
+                  "                     [--timeline DIR] [--chunk-mib N] [--small-max-kib N] [--cached-scan N]\n"
+                  "                     [--pieces N] [--max-handle-mib N]\n"
+                  "                     TRACE.trace.gz...\nconfigurations:");
+      for (const auto& n : config_names()) std::printf(" %s", n.c_str());
+      std::puts("\n(default: gmlake bfc expandable gmlake-paper). Progress goes to stderr when it is a terminal.");
       return 0;
     } else files.push_back(a);
   }
@@ -252,6 +419,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (configs.empty()) configs = {"gmlake", "bfc", "expandable", "gmlake-paper"};
+  if (configs.size() == 1 && configs[0] == "all") configs = config_names();
   cost_model cost;
   if (!cost_path.empty() && !cost.read(cost_path)) {
     std::fprintf(stderr, "gmlake-replay: cannot read %s\n", cost_path.c_str());
@@ -270,7 +438,7 @@ int main(int argc, char** argv) {
     }
     std::vector<outcome> out;
     for (const auto& c : configs) {
-      outcome o = run_config(t, c, cost);
+      outcome o = run_config(t, c, k, cost);
       if (o.failed == ~0ull) {
         std::fprintf(stderr, "gmlake-replay: unknown configuration %s\n", c.c_str());
         return 2;
@@ -280,40 +448,64 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "gmlake-replay: %s: invariants broken or memory left after release\n", c.c_str());
         rc = 1;
       }
+      const auto& b = o.at_peak;
       if (json) {
         std::printf("{\"trace\":\"%s\",\"allocator\":\"%s\",\"allocs\":%zu,\"failed\":%llu,\"peak_live_bytes\":%llu,"
                     "\"peak_reserved_bytes\":%llu,\"peak_mapped_bytes\":%llu,\"fragmentation\":%.6f,"
                     "\"backend_calls\":%llu,\"calls_after_4\":%llu,\"creates_after_4\":%llu,"
                     "\"driver_us_per_iter_after_4\":%.1f,\"ns_per_op\":%.1f,\"s1\":%llu,\"s2\":%llu,\"s3\":%llu,"
-                    "\"s4\":%llu,\"s5\":%llu,\"cached_stitch_hits\":%llu,\"stitched_blocks\":%llu}\n",
+                    "\"s4\":%llu,\"s5\":%llu,\"cached_stitch_hits\":%llu,\"stitched_blocks\":%llu,\"evictions\":%llu,"
+                    "\"chunk_bytes\":%zu,\"iters_after_4\":%llu,\"at_peak\":{\"live\":%llu,\"requested\":%zu,\"active\":%zu,"
+                    "\"small_reserved\":%zu,\"small_free\":%zu,\"large_reserved\":%zu,\"large_free_whole\":%zu,"
+                    "\"large_free_partial\":%zu,\"free_pending\":%zu,\"cached_stitches\":%zu,\"cached_stitch_bytes\":%zu}}\n",
                     t.name.c_str(), o.allocator.c_str(), t.allocs, (unsigned long long)o.failed,
                     (unsigned long long)o.peak_live, (unsigned long long)o.peak_reserved,
                     (unsigned long long)o.peak_mapped, frag(o), (unsigned long long)o.calls,
                     (unsigned long long)o.calls_after_4, (unsigned long long)o.creates_after_4,
                     o.driver_us_per_iter_after_4, o.ns_per_op, (unsigned long long)o.fit[0],
                     (unsigned long long)o.fit[1], (unsigned long long)o.fit[2], (unsigned long long)o.fit[3],
-                    (unsigned long long)o.fit[4], (unsigned long long)o.cached_hits, (unsigned long long)o.stitches);
+                    (unsigned long long)o.fit[4], (unsigned long long)o.cached_hits, (unsigned long long)o.stitches,
+                    (unsigned long long)o.evictions, o.chunk, (unsigned long long)o.iters_after_4,
+                    (unsigned long long)o.live_at_peak, b.requested, b.active, b.small_reserved, b.small_free,
+                    b.large_reserved, b.large_free_whole, b.large_free_partial, b.free_pending, b.cached_stitches,
+                    b.cached_stitch_bytes);
       } else {
         std::printf("%-18s %-13s %9zu %9.2f %9.2f %6.1f%% %9llu %9llu %11.1f %8.0f%s\n", t.name.c_str(),
                     o.allocator.c_str(), t.allocs, gb(o.peak_live), gb(o.peak_reserved), 100 * frag(o),
                     (unsigned long long)o.calls, (unsigned long long)o.creates_after_4, o.driver_us_per_iter_after_4,
                     o.ns_per_op, o.failed ? "  FAILED ALLOCATIONS" : "");
+        if (breakdown) {
+          const double mb = 1e6;
+          std::printf("    at peak reserved: live %.0f MB (%.0f MB below peak live); inside blocks %.0f MB; small arena "
+                      "free %.0f of %.0f MB; large free %.0f MB whole chunks + %.0f MB partial chunks; cached stitches %zu (%.0f MB VA)\n",
+                      o.live_at_peak / mb, (o.peak_live - o.live_at_peak) / mb,
+                      (b.active - static_cast<double>(o.live_at_peak)) / mb, b.small_free / mb, b.small_reserved / mb,
+                      b.large_free_whole / mb, b.large_free_partial / mb, b.cached_stitches,
+                      b.cached_stitch_bytes / mb);
+          std::printf("    after i 4 (calls, us):");
+          for (std::size_t c = 0; c < gmlake::call_count; ++c)
+            std::printf(" %s %llu %.0f;", gmlake::call_names[c], (unsigned long long)o.calls_after_4_of[c],
+                        o.us_after_4[c]);
+          std::printf(" S1 %llu S2 %llu S3 %llu S4 %llu hits %llu evictions %llu\n", (unsigned long long)o.fit[0],
+                      (unsigned long long)o.fit[1], (unsigned long long)o.fit[2], (unsigned long long)o.fit[3],
+                      (unsigned long long)o.cached_hits, (unsigned long long)o.evictions);
+        }
       }
       std::fflush(stdout);
       out.push_back(o);
     }
     if (!json) {
       const outcome* g = nullptr;
-      const outcome* b = nullptr;
+      const outcome* bf = nullptr;
       for (const auto& o : out) {
         if (o.allocator == "gmlake") g = &o;
-        if (o.allocator == "bfc") b = &o;
+        if (o.allocator == "bfc") bf = &o;
       }
-      if (g && b && b->peak_reserved)
+      if (g && bf && bf->peak_reserved)
         std::printf("  -> %s: gmlake reserves %.2f GB less than bfc (%.1f%% of bfc's %.2f GB)\n", t.name.c_str(),
-                    gb(b->peak_reserved) - gb(g->peak_reserved),
-                    100.0 * (1.0 - static_cast<double>(g->peak_reserved) / static_cast<double>(b->peak_reserved)),
-                    gb(b->peak_reserved));
+                    gb(bf->peak_reserved) - gb(g->peak_reserved),
+                    100.0 * (1.0 - static_cast<double>(g->peak_reserved) / static_cast<double>(bf->peak_reserved)),
+                    gb(bf->peak_reserved));
     }
   }
   return rc;

@@ -41,6 +41,7 @@ gmlake::options opts() {
   gmlake::options o;
   o.small_max = 16 * kib;
   o.on_misuse = &on_misuse;
+  o.max_handle = 0;  // one handle per chunk: these tests count calls per chunk
   return o;
 }
 
@@ -639,5 +640,29 @@ TEST_CASE("errors") {
   o.chunk_size = C + 1;
   gmlake::gmlake_allocator<simulated> c(simulated(cap, C), o);
   CHECK(c.chunk_size() == 2 * C);
+  all_released(a);
+}
+
+TEST_CASE("growth creates handles of up to max_handle; parts of a handle are reused") {
+  gmlake::options o = opts();
+  o.max_handle = 4 * C;
+  gmlake::gmlake_allocator<counted_memfd> a(counted_memfd(cap, C), o);
+  const auto creates = a.backend().counts().calls_of(call::create);
+  void* p = a.allocate(10 * C);  // 10 chunks: handles of 4, 4, 2 chunks
+  CHECK(a.backend().counts().calls_of(call::create) == creates + 3);
+  fill(p, 10 * C, 7);
+  void* q = a.allocate(4 * C);
+  void* r = a.allocate(2 * C);
+  a.deallocate(p);
+  void* keep = a.allocate(4 * C);  // takes one 4C handle of the freed range
+  fill(keep, 4 * C, 9);
+  const auto creates2 = a.backend().counts().calls_of(call::create);
+  void* s = a.allocate(6 * C);  // the rest of the freed handles: no new memory
+  CHECK(a.backend().counts().calls_of(call::create) == creates2);
+  fill(s, 6 * C, 11);
+  CHECK(holds(s, 6 * C, 11));
+  CHECK(holds(keep, 4 * C, 9));
+  CHECK(a.check_invariants());
+  for (void* x : {s, keep, q, r}) a.deallocate(x);
   all_released(a);
 }

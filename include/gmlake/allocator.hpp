@@ -49,6 +49,14 @@ struct options {
   std::size_t chunk_size = 0;                    ///< chunk bytes; 0: the backend's granularity
   std::size_t va_factor = 2;                     ///< each arena reserves va_factor x capacity of VA
   std::size_t cached_scan = 8;                   ///< cached stitched blocks tried per request
+  /// Largest physical handle that growth of the large arena creates at once (a
+  /// multiple of chunk_size; 0 or chunk_size: one handle per chunk; 32 MiB measured
+  /// best across bench/ traces, docs/benchmarks.md). Driver cost
+  /// grows with the number of handles, not bytes; stitching maps whole handles.
+  std::size_t max_handle = std::size_t{32} << 20;
+  /// Before growth of the large arena that would pass the peak reserved, release the
+  /// small arena's free whole chunks (waits for pending stream work first; only at new peaks).
+  bool lend_at_peak = true;
   /// Called on misuse (double or foreign free) with a message; nullptr: abort with the
   /// message when GMLAKE_DEBUG >= 1, ignore otherwise.
   void (*on_misuse)(const char* what, void* pointer) = nullptr;
@@ -72,7 +80,7 @@ class basic_allocator {
         chunk_(opt.chunk_size ? round_up(opt.chunk_size, backend_.granularity()) : backend_.granularity()),
         streams_(backend_, stats_),
         small_(backend_, nodes_, streams_, stats_, chunk_),
-        large_(backend_, nodes_, streams_, stats_, chunk_) {
+        large_(backend_, nodes_, streams_, stats_, chunk_, round_up(opt.max_handle, chunk_)) {
     const std::size_t va = round_up(backend_.capacity(), chunk_) * (opt_.va_factor ? opt_.va_factor : 1);
     if (errc e = small_.open(va); e != errc::ok) fail_open(e);
     if (errc e = large_.open(va); e != errc::ok) {
@@ -149,6 +157,24 @@ class basic_allocator {
     for (stat* s : {&stats_.requested_bytes, &stats_.active_bytes, &stats_.reserved_bytes, &stats_.mapped_bytes,
                     &stats_.chunks, &stats_.stitched_blocks, &stats_.allocations})
       s->reset_peak();
+  }
+
+  /// Where the reserved bytes are now (for tuning; O(ranges)).
+  [[nodiscard]] memory_breakdown breakdown() const {
+    std::lock_guard lock(mutex_);
+    memory_breakdown m;
+    const auto s = small_.tally(), l = large_.tally();
+    m.requested = static_cast<std::size_t>(stats_.requested_bytes.current);
+    m.active = static_cast<std::size_t>(stats_.active_bytes.current);
+    m.small_reserved = s.reserved;
+    m.small_free = s.free_whole + s.free_partial;
+    m.large_reserved = l.reserved;
+    m.large_free_whole = l.free_whole;
+    m.large_free_partial = l.free_partial;
+    m.free_pending = s.free_pending + l.free_pending;
+    m.cached_stitches = lru_.size();
+    m.cached_stitch_bytes = cached_bytes_;
+    return m;
   }
 
   /// Checks every structural property and that the statistics agree with the
@@ -242,16 +268,28 @@ class basic_allocator {
 
     const bool stitching = !small && stitch_.stitches(size) && alignment <= block_alignment;
     if (stitching) {
-      if (void* p = reuse_stitch(size, requested, s)) return p;   // S1 on the cache
-      if (void* p = stitch(size, requested, s, false)) return p;  // S3
+      if (void* p = reuse_stitch(size, requested, s)) return p;  // S1 on the cache
+      stitch_plan plan;
+      if (plan_stitch(size, s, false, plan) && plan.fresh == 0)
+        if (void* p = stitch(plan, size, requested, s)) return p;  // S3
     }
-    if (stitch_.create_shortfall()) {  // S4: grow a free range by the shortfall
+    // Growth of the large arena is next. If it would pass the peak reserved so far,
+    // first give the small arena's free whole chunks back, so physical memory moves
+    // to where it is needed instead of adding up (options::lend_at_peak). Only this
+    // way: releasing large-arena chunks for the small one churns (measured).
+    if (opt_.lend_at_peak && !small &&
+        stats_.reserved_bytes.current + static_cast<std::int64_t>(size) > stats_.reserved_bytes.peak)
+      lend(small_);
+    if (stitch_.create_shortfall()) {  // S4: create only the shortfall, the fewer new bytes of two ways
       typename arena_type::extension e;
-      if (a.find_extension(size + slack, usable, e)) {
+      const bool can_extend = a.find_extension(size + slack, usable, e);
+      stitch_plan plan;
+      const bool can_stitch = stitching && plan_stitch(size, s, true, plan);
+      if (can_extend && (!can_stitch || e.bytes <= plan.fresh)) {  // grow a free range by the shortfall
         if (auto r = a.extend(e)) return take(a, *r.value, size, requested, alignment, fit_state::s4_shortfall);
       }
-      if (stitching) {
-        if (void* p = stitch(size, requested, s, true)) return p;  // S4: stitch free pieces with new chunks
+      if (can_stitch) {
+        if (void* p = stitch(plan, size, requested, s)) return p;  // stitch free pieces with new chunks
       }
     }
     const std::uint32_t segment = stitch_.create_shortfall() ? 0 : a.new_segment();
@@ -332,9 +370,17 @@ class basic_allocator {
     return true;
   }
 
-  /// S3 (or S4 with `shortfall`): stitch the largest usable free ranges, plus new
-  /// chunks for what they lack when `shortfall`.
-  void* stitch(std::size_t size, std::size_t requested, std::uint32_t s, bool shortfall) noexcept {
+  /// A stitch worked out but not built: pieces_[0, pieces) from free ranges, and
+  /// `fresh` new bytes (whole chunks) still to create for the rest.
+  struct stitch_plan {
+    std::size_t pieces = 0;
+    std::size_t fresh = 0;
+  };
+
+  /// Picks the pieces of a stitch of `size` bytes from the largest usable free
+  /// ranges (the policy chooses). False when there is nothing to stitch, or when
+  /// the pieces fall short and `shortfall` does not allow new chunks.
+  bool plan_stitch(std::size_t size, std::uint32_t s, bool shortfall, stitch_plan& plan) noexcept {
     const usable_on usable{&streams_, s};
     std::size_t n = 0;
     for (auto it = large_.free_ranges().rbegin(); it != large_.free_ranges().rend() && n < max_candidates; ++it) {
@@ -344,12 +390,11 @@ class basic_allocator {
       if (sp.whole == 0) continue;
       candidates_[n++] = stitch_candidate{it->addr, sp.head, sp.whole, sp.tail};
     }
-    if (n == 0) return nullptr;
+    if (n == 0) return false;
     const std::span<stitch_candidate> c(candidates_.data(), n);
     std::size_t k = stitch_.select(c, size);
-    if (k == 0 || k > n) return nullptr;
+    if (k == 0 || k > n) return false;
     // Lay the pieces out: the first may start at its head, the last may end at its tail.
-    std::array<detail::stitch_piece, max_candidates + 1>& pieces = pieces_;
     std::size_t got = 0, m = 0;
     for (std::size_t i = 0; i < k && got < size; ++i) {
       const auto& x = c[i];
@@ -360,32 +405,38 @@ class basic_allocator {
         len += x.head;
       }
       if (!shortfall && i + 1 == k) len += x.tail;
-      if (got + len > size) {  // the last piece: only the chunks the request needs
-        const std::uintptr_t end = round_up(lo + (size - got) - large_base_, chunk_) + large_base_;
+      if (got + len > size) {  // the last piece: only the handles the request needs
+        const std::uintptr_t end = large_.handle_end(lo + (size - got) - 1);
         len = std::min<std::size_t>(len, end - lo);
       }
-      pieces[m++] = {lo, len};
+      pieces_[m++] = {lo, len};
       got += len;
     }
-    if (got < size) {
-      if (!shortfall || m < 1) return nullptr;
-      // S4: new chunks for the rest, at the start of the best-fitting hole.
-      const std::size_t need = round_up(size - got, chunk_);
+    plan.pieces = m;
+    plan.fresh = got < size ? round_up(size - got, chunk_) : 0;
+    return plan.fresh == 0 || (shortfall && m >= 1);
+  }
+
+  /// S3 (or S4 when plan.fresh > 0): builds the planned stitch, creating the new
+  /// chunks first.
+  void* stitch(const stitch_plan& plan, std::size_t size, std::size_t requested, std::uint32_t s) noexcept {
+    std::size_t m = plan.pieces;
+    if (plan.fresh > 0) {
+      // New chunks for the rest, at the start of the best-fitting hole.
       std::uintptr_t fresh = 0;
-      if (!large_.grow(need, 0, fresh)) return nullptr;
+      if (!large_.grow(plan.fresh, 0, fresh)) return nullptr;
       // The new bytes were a hole: they overlap no piece, whatever they merged with.
-      pieces[m++] = {fresh, need};
-      got += need;
+      pieces_[m++] = {fresh, plan.fresh};
     }
-    void* p = build(std::span(pieces.data(), m), size, requested, s, shortfall ? fit_state::s4_shortfall : fit_state::s3_stitch);
-    return p;
+    return build(std::span(pieces_.data(), m), size, requested, s,
+                 plan.fresh ? fit_state::s4_shortfall : fit_state::s3_stitch);
   }
 
   /// Maps the pieces side by side into a new reservation and claims the prefix.
   void* build(std::span<const detail::stitch_piece> pieces, std::size_t size, std::size_t requested,
               std::uint32_t s, fit_state st) noexcept {
     std::size_t mapped = 0;
-    for (const auto& p : pieces) mapped += chunk_span(p) * chunk_;
+    for (const auto& p : pieces) mapped += span_bytes(p);
     auto* b = new (std::nothrow) stitch_block;
     if (b == nullptr) return nullptr;
     try {
@@ -404,12 +455,12 @@ class basic_allocator {
     std::size_t done = 0;
     errc failure = errc::ok;
     for (const auto& p : pieces) {
-      const std::uintptr_t first = chunk_floor(p.addr);
-      for (std::size_t j = 0; j < chunk_span(p) && failure == errc::ok; ++j) {
-        failure = backend_.map(va.value + done, chunk_, large_.slot_of(first + j * chunk_).chunk);
+      large_.for_each_handle(p.addr, p.addr + p.size, [&](std::uintptr_t, std::size_t bytes, const auto& chunk) {
+        if (failure != errc::ok) return;
+        failure = backend_.map(va.value + done, bytes, chunk);
         count(call::map);
-        if (failure == errc::ok) done += chunk_;
-      }
+        if (failure == errc::ok) done += bytes;
+      });
       if (failure != errc::ok) break;
     }
     if (failure == errc::ok) {
@@ -417,7 +468,7 @@ class basic_allocator {
       count(call::set_access);
     }
     if (failure != errc::ok) {  // roll back
-      for (std::size_t off = 0; off < done; off += chunk_) (void)backend_.unmap(va.value + off, chunk_);
+      if (done > 0) (void)backend_.unmap(va.value, done);  // one call over every mapped handle
       count(call::unmap, done / chunk_);
       (void)backend_.address_free(va.value, mapped);
       count(call::address_free);
@@ -425,13 +476,12 @@ class basic_allocator {
       return nullptr;
     }
     for (const auto& p : pieces) {
-      const std::uintptr_t first = chunk_floor(p.addr);
-      for (std::size_t j = 0; j < chunk_span(p); ++j) ++large_.slot_of(first + j * chunk_).stitch_refs;
+      large_.pin(p.addr, p.end(), 1);
       b->capacity += p.size;
     }
     b->va = va.value;
     b->mapped = mapped;
-    b->pointer = va.value + (pieces.front().addr - chunk_floor(pieces.front().addr));
+    b->pointer = va.value + (pieces.front().addr - large_.handle_floor(pieces.front().addr));
     by_pointer_.insert(*b);
     stats_.stitched_blocks.add(1);
     stats_.mapped_bytes.add(static_cast<std::int64_t>(mapped));
@@ -443,11 +493,9 @@ class basic_allocator {
     return reinterpret_cast<void*>(b->pointer);
   }
 
-  [[nodiscard]] std::uintptr_t chunk_floor(std::uintptr_t a) const noexcept {
-    return round_down(a - large_base_, chunk_) + large_base_;
-  }
-  [[nodiscard]] std::size_t chunk_span(const detail::stitch_piece& p) const noexcept {
-    return (round_up(p.addr + p.size - large_base_, chunk_) - round_down(p.addr - large_base_, chunk_)) / chunk_;
+  /// Bytes of the handles that hold piece p (what a stitch maps for it).
+  [[nodiscard]] std::size_t span_bytes(const detail::stitch_piece& p) const noexcept {
+    return large_.handle_end(p.end() - 1) - large_.handle_floor(p.addr);
   }
 
   // ------------------------------------------------------------ free
@@ -534,10 +582,7 @@ class basic_allocator {
     }
     (void)backend_.address_free(b.va, b.mapped);
     count(call::address_free);
-    for (const auto& p : b.pieces) {
-      const std::uintptr_t first = chunk_floor(p.addr);
-      for (std::size_t j = 0; j < chunk_span(p); ++j) --large_.slot_of(first + j * chunk_).stitch_refs;
-    }
+    for (const auto& p : b.pieces) large_.pin(p.addr, p.end(), -1);
     if (b.cached) {
       cache_.erase(cache_.iterator_to(b));
       lru_.erase(lru_.iterator_to(b));
@@ -551,6 +596,14 @@ class basic_allocator {
     stats_.mapped_bytes.sub(static_cast<std::int64_t>(b.mapped));
     delete &b;
     return true;
+  }
+
+  /// Releases the free whole chunks of arena `from` that no stitched block maps.
+  void lend(arena_type& from) noexcept {
+    if (from.free_count() == 0) return;
+    (void)streams_.wait_all();
+    from.coalesce_all();
+    stats_.lent_bytes += from.release_free_chunks();
   }
 
   std::size_t release_cached_locked() noexcept {

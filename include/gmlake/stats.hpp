@@ -59,6 +59,24 @@ struct statistics {
   std::uint64_t num_alloc_retries = 0;   ///< requests that released cache and retried
   std::uint64_t num_ooms = 0;            ///< requests that failed
   std::uint64_t invalid_frees = 0;       ///< deallocate of a pointer not live here (ignored)
+  std::uint64_t lent_bytes = 0;          ///< free chunk bytes released to let the other arena grow
+};
+
+/// Where the reserved bytes are at one moment (basic_allocator::breakdown()):
+/// reserved = small_reserved + large_reserved; each arena's reserved bytes are its
+/// used bytes plus its free bytes. Used bytes hold the live requests plus the
+/// rounding to 512 B (and alignment) inside them.
+struct memory_breakdown {
+  std::size_t requested = 0;           ///< bytes asked for by live allocations
+  std::size_t active = 0;              ///< bytes of live allocations as placed
+  std::size_t small_reserved = 0;      ///< chunk bytes of the small arena
+  std::size_t small_free = 0;          ///< free bytes in the small arena
+  std::size_t large_reserved = 0;      ///< chunk bytes of the large arena
+  std::size_t large_free_whole = 0;    ///< free bytes in whole chunks (stitchable)
+  std::size_t large_free_partial = 0;  ///< free bytes in partly used chunks (not stitchable)
+  std::size_t free_pending = 0;        ///< free bytes still pending on another stream (both arenas)
+  std::size_t cached_stitches = 0;     ///< inactive stitched blocks cached
+  std::size_t cached_stitch_bytes = 0; ///< their mapped (virtual) bytes
 };
 
 } // namespace gmlake

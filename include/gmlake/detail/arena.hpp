@@ -31,9 +31,15 @@ class arena {
  public:
   using chunk_type = typename Backend::chunk_type;
 
+  /// One chunk-sized slot of the arena. A physical handle covers `count` slots
+  /// from `first` (growth may create handles larger than a chunk, up to the
+  /// arena's max_handle); its chunk_type is kept in its first slot. Handles are
+  /// mapped, stitched and released whole (cuMemMap maps a handle whole).
   struct slot {
     chunk_type chunk{};
-    std::uint32_t stitch_refs = 0;  ///< stitched blocks mapping this chunk
+    std::uint32_t stitch_refs = 0;  ///< stitched blocks mapping this slot's handle
+    std::uint32_t first = 0;        ///< index of the handle's first slot
+    std::uint32_t count = 0;        ///< slots in the handle
     bool mapped = false;
   };
 
@@ -45,9 +51,16 @@ class arena {
     bool after = true;           ///< new chunks after `neighbour` (else before)
   };
 
+  /// `max_handle`: the largest physical handle growth creates (a multiple of
+  /// `chunk`; 0 or `chunk`: one handle per chunk).
   arena(Backend& backend, node_pool<range>& nodes, stream_table<Backend>& streams, statistics& stats,
-        std::size_t chunk) noexcept
-      : backend_(backend), nodes_(nodes), streams_(streams), stats_(stats), chunk_(chunk) {}
+        std::size_t chunk, std::size_t max_handle = 0) noexcept
+      : backend_(backend),
+        nodes_(nodes),
+        streams_(streams),
+        stats_(stats),
+        chunk_(chunk),
+        max_handle_(max_handle > chunk ? max_handle / chunk * chunk : chunk) {}
   arena(const arena&) = delete;
   arena& operator=(const arena&) = delete;
 
@@ -74,13 +87,13 @@ class arena {
   void close() noexcept {
     if (size_ == 0) return;
     for (std::size_t i = 0; i < slots_.size(); ++i) {
-      if (!slots_[i].mapped) continue;
-      const std::uintptr_t va = base_ + i * chunk_;
-      (void)backend_.unmap(va, chunk_);
+      if (!slots_[i].mapped || slots_[i].first != i) continue;
+      const std::size_t n = slots_[i].count;
+      (void)backend_.unmap(base_ + i * chunk_, n * chunk_);
       count(call::unmap);
       (void)backend_.release(slots_[i].chunk);
       count(call::release);
-      forget_chunk(slots_[i]);
+      for (std::size_t j = 0; j < n; ++j) forget_chunk(slots_[i + j]);
     }
     free_.clear();
     holes_.clear();
@@ -109,14 +122,45 @@ class arena {
     return *--it;
   }
   [[nodiscard]] slot& slot_of(std::uintptr_t p) noexcept { return slots_[(p - base_) / chunk_]; }
+  [[nodiscard]] std::size_t max_handle() const noexcept { return max_handle_; }
 
-  /// Bytes of whole chunks inside r, and the bytes before and after them.
+  /// Start and end of the handle that holds byte p. Pre: p's chunk is mapped.
+  [[nodiscard]] std::uintptr_t handle_floor(std::uintptr_t p) const noexcept {
+    return base_ + slots_[(p - base_) / chunk_].first * chunk_;
+  }
+  [[nodiscard]] std::uintptr_t handle_end(std::uintptr_t p) const noexcept {
+    const slot& h = slots_[slots_[(p - base_) / chunk_].first];
+    return base_ + (h.first + h.count) * chunk_;
+  }
+  [[nodiscard]] const chunk_type& handle_chunk(std::uintptr_t p) const noexcept {
+    return slots_[slots_[(p - base_) / chunk_].first].chunk;
+  }
+  /// Calls f(addr, bytes, chunk) for each handle holding a byte of [lo, hi), in order.
+  template <class F>
+  void for_each_handle(std::uintptr_t lo, std::uintptr_t hi, F&& f) const noexcept {
+    for (std::uintptr_t a = handle_floor(lo); a < hi;) {
+      const std::uintptr_t e = handle_end(a);
+      f(a, e - a, handle_chunk(a));
+      a = e;
+    }
+  }
+  /// Adds d to the stitch_refs of every slot of the handles holding [lo, hi).
+  void pin(std::uintptr_t lo, std::uintptr_t hi, int d) noexcept {
+    for (std::uintptr_t a = handle_floor(lo), e = handle_end(hi - 1); a < e; a += chunk_)
+      slot_of(a).stitch_refs += static_cast<std::uint32_t>(d);
+  }
+
+  /// Bytes of whole handles inside r (what a stitch can map as a middle piece), and
+  /// the bytes before and after them.
   struct chunk_split {
     std::size_t head, whole, tail;
   };
   [[nodiscard]] chunk_split split_of(const range& r) const noexcept {
-    const std::uintptr_t lo = base_ + round_up(r.addr - base_, chunk_);
-    const std::uintptr_t hi = base_ + round_down(r.end() - base_, chunk_);
+    std::uintptr_t lo = base_ + round_up(r.addr - base_, chunk_);
+    std::uintptr_t hi = base_ + round_down(r.end() - base_, chunk_);
+    if (hi <= lo) return {r.size, 0, 0};
+    if (handle_floor(lo) != lo) lo = handle_end(lo);
+    if (hi > lo && handle_end(hi - 1) != hi) hi = handle_floor(hi - 1);
     if (hi <= lo) return {r.size, 0, 0};
     return {lo - r.addr, hi - lo, r.end() - hi};
   }
@@ -218,6 +262,31 @@ class arena {
   }
 
   [[nodiscard]] std::uint32_t new_segment() noexcept { return ++segments_; }
+
+  /// Where the arena's bytes are: chunk bytes held, used, free in whole chunks
+  /// (stitchable), free in partial chunks (heads and tails), free but still
+  /// pending on another stream. O(ranges).
+  struct tally_type {
+    std::size_t reserved = 0, used = 0, free_whole = 0, free_partial = 0, free_pending = 0;
+  };
+  [[nodiscard]] tally_type tally() const noexcept {
+    tally_type t;
+    for (const range& r : address_) {
+      if (r.state == range_state::hole) continue;
+      if (!r.is_free()) {
+        t.used += r.size;
+        continue;
+      }
+      if (!streams_.known_done(r.tag)) t.free_pending += r.size;
+      const auto sp = split_of(r);
+      t.free_whole += sp.whole;
+      t.free_partial += sp.head + sp.tail;
+    }
+    for (const slot& s : slots_)
+      if (s.mapped) t.reserved += chunk_;
+    return t;
+  }
+
 
   /// Every stated property of the tiling, the indexes and the slots.
   [[nodiscard]] bool check(std::size_t& reserved, std::size_t& used, std::size_t& live) const noexcept {
@@ -334,25 +403,36 @@ class arena {
         return errc::out_of_memory;
       }
     }
-    std::size_t created = 0, mapped = 0;
+    // Handles of up to max_handle_ bytes each, the first ones largest.
+    const std::size_t per = max_handle_ / chunk_;
+    std::size_t created = 0, mapped = 0;  // slots covered by created / mapped handles
     errc failure = errc::ok;
-    for (; created < n; ++created) {
-      auto c = backend_.create(chunk_);
+    while (created < n) {
+      const std::size_t k = std::min(per, n - created);
+      auto c = backend_.create(k * chunk_);
       count(call::create);
       if (!c) {
         failure = c.error;
         break;
       }
-      slots_[first + created].chunk = c.value;
+      slot& h = slots_[first + created];
+      h.chunk = c.value;
+      for (std::size_t j = 0; j < k; ++j) {
+        slots_[first + created + j].first = static_cast<std::uint32_t>(first + created);
+        slots_[first + created + j].count = static_cast<std::uint32_t>(k);
+      }
+      created += k;
     }
     if (failure == errc::ok) {
-      for (; mapped < n; ++mapped) {
-        const errc e = backend_.map(at + mapped * chunk_, chunk_, slots_[first + mapped].chunk);
+      while (mapped < n) {
+        const slot& h = slots_[first + mapped];
+        const errc e = backend_.map(at + mapped * chunk_, h.count * chunk_, h.chunk);
         count(call::map);
         if (e != errc::ok) {
           failure = e;
           break;
         }
+        mapped += h.count;
       }
     }
     if (failure == errc::ok) {
@@ -360,15 +440,15 @@ class arena {
       count(call::set_access);
     }
     if (failure != errc::ok) {  // roll back, in reverse
-      if (mapped > 0) {
-        for (std::size_t i = 0; i < mapped; ++i) (void)backend_.unmap(at + i * chunk_, chunk_);
-        stats_.calls[static_cast<std::size_t>(call::unmap)] += mapped;
+      for (std::size_t i = 0; i < mapped; i += slots_[first + i].count) {
+        (void)backend_.unmap(at + i * chunk_, slots_[first + i].count * chunk_);
+        count(call::unmap);
       }
-      for (std::size_t i = 0; i < created; ++i) {
+      for (std::size_t i = 0; i < created; i += slots_[first + i].count) {
         (void)backend_.release(slots_[first + i].chunk);
         count(call::release);
-        slots_[first + i].chunk = chunk_type{};
       }
+      for (std::size_t i = 0; i < created; ++i) slots_[first + i] = slot{};
       return failure;
     }
     for (std::size_t i = 0; i < n; ++i) {
@@ -409,21 +489,22 @@ class arena {
       if (sp.whole == 0) break;
       std::uintptr_t a = cur->addr + sp.head;
       const std::uintptr_t hi = a + sp.whole;
-      while (a < hi && slot_of(a).stitch_refs != 0) a += chunk_;
+      // split_of gives whole handles: skip pinned ones, release a run of unpinned ones.
+      while (a < hi && slot_of(a).stitch_refs != 0) a = handle_end(a);
       if (a >= hi) break;
       std::uintptr_t b = a;
-      while (b < hi && slot_of(b).stitch_refs == 0) b += chunk_;
+      while (b < hi && slot_of(b).stitch_refs == 0) b = handle_end(b);
       if (!nodes_.reserve(2)) break;
       if (backend_.unmap(a, b - a) != errc::ok) {
         count(call::unmap);
         break;
       }
       count(call::unmap);
-      for (std::uintptr_t c = a; c < b; c += chunk_) {
-        slot& s = slot_of(c);
-        (void)backend_.release(s.chunk);
+      for (std::uintptr_t c = a; c < b;) {
+        const std::uintptr_t e = handle_end(c);
+        (void)backend_.release(slot_of(c).chunk);
         count(call::release);
-        forget_chunk(s);
+        for (; c < e; c += chunk_) forget_chunk(slot_of(c));
       }
       released += b - a;
       // [cur.addr, a) stays free, [a, b) becomes a hole, [b, cur.end) stays free.
@@ -436,9 +517,7 @@ class arena {
   }
 
   void forget_chunk(slot& s) noexcept {
-    s.mapped = false;
-    s.stitch_refs = 0;
-    s.chunk = chunk_type{};
+    s = slot{};
     stats_.chunks.sub(1);
     stats_.reserved_bytes.sub(static_cast<std::int64_t>(chunk_));
     stats_.mapped_bytes.sub(static_cast<std::int64_t>(chunk_));
@@ -481,6 +560,7 @@ class arena {
   stream_table<Backend>& streams_;
   statistics& stats_;
   std::size_t chunk_;
+  std::size_t max_handle_;
   std::uintptr_t base_ = 0;
   std::size_t size_ = 0;
   std::uint32_t segments_ = 0;

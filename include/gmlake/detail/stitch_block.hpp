@@ -26,6 +26,7 @@ struct lru_tag;
 struct stitch_piece {
   std::uintptr_t addr = 0;
   std::size_t size = 0;
+  [[nodiscard]] std::uintptr_t end() const noexcept { return addr + size; }
 };
 
 struct stitch_block : bi::set_base_hook<bi::tag<by_pointer_tag>, link_mode>,

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Writes synthetic allocation traces (format: bench/traces/README.md) for patterns
+the shared real traces cover thinly, so tuning is checked beyond them:
+
+  synth-kvcache   generation with a growing KV cache per layer (re-allocated one
+                  step larger, as a cat() does), batch and prompt random per request,
+                  many small temporaries between
+  synth-offload   training with activations offloaded: big buffers freed early in
+                  forward and allocated again in backward (sizes vary per step)
+  synth-mixed     mixed small and large requests, log-uniform 512 B .. 768 MiB,
+                  random lifetimes, the pattern repeated per iteration with jitter
+  synth-ckpt-dyn  checkpointing (recomputation) with a random sequence length per step
+
+Deterministic (fixed seeds). Usage: python3 bench/synth_traces.py [OUTDIR]
+(default bench/traces/synthetic).
+"""
+import gzip
+import os
+import random
+import sys
+
+MiB = 1 << 20
+
+
+class writer:
+    def __init__(self, path, name):
+        self.f = gzip.open(path, "wt", compresslevel=6)
+        self.f.write(f"# workload {name}\n# source bench/synth_traces.py\n")
+        self.next = 0
+        self.live = set()
+
+    def a(self, size, stream=0):
+        i = self.next
+        self.next += 1
+        self.f.write(f"a {i} {int(size)} {stream}\n")
+        self.live.add(i)
+        return i
+
+    def free(self, i):
+        if i in self.live:
+            self.live.remove(i)
+            self.f.write(f"f {i}\n")
+
+    def it(self, n):
+        self.f.write(f"i {n}\n")
+
+    def close(self):
+        self.f.close()
+
+
+def kvcache(w, r):
+    layers, heads, hd = 22, 4, 64
+    weights = [w.a(r.choice([8, 16, 22]) * MiB) for _ in range(60)]
+    for it in range(8):
+        w.it(it)
+        for _ in range(3):  # requests per iteration
+            batch, prompt, new = r.randint(1, 32), r.randint(16, 512), r.randint(32, 192)
+            kv = [None] * layers
+            for t in range(prompt, prompt + new):
+                for l in range(layers):
+                    tmp = [w.a(r.choice([4096, 8192, 65536, batch * 2048 * 2])) for _ in range(3)]
+                    nk = w.a(2 * batch * heads * hd * t * 2)  # k and v, bf16, grown by one token
+                    if kv[l] is not None:
+                        w.free(kv[l])
+                    kv[l] = nk
+                    for x in tmp:
+                        w.free(x)
+                logits = w.a(batch * 32000 * 4)
+                w.free(logits)
+            for x in kv:
+                w.free(x)
+    for x in weights:
+        w.free(x)
+
+
+def offload(w, r):
+    params = [w.a(r.choice([12, 24, 48]) * MiB) for _ in range(80)]
+    for it in range(12):
+        w.it(it)
+        seq = r.randint(256, 2048)
+        acts = []
+        for l in range(24):
+            a = w.a(8 * seq * 2048 * 2)
+            t = [w.a(8 * seq * r.choice([2048, 8192]) * 2) for _ in range(2)]
+            for x in t:
+                w.free(x)
+            acts.append(a)
+            if l % 2 == 1:  # offloaded to host: freed on the device
+                w.free(acts[-2])
+                acts[-2] = None
+        grads = []
+        for l in reversed(range(24)):
+            if acts[l] is None:
+                acts[l] = w.a(8 * seq * 2048 * 2)  # brought back
+            g = w.a(8 * seq * 2048 * 2)
+            t = w.a(8 * seq * 8192 * 2)
+            w.free(t)
+            w.free(acts[l])
+            grads.append(g)
+            if len(grads) > 2:
+                w.free(grads.pop(0))
+        for g in grads:
+            w.free(g)
+    for x in params:
+        w.free(x)
+
+
+def mixed(w, r):
+    base = []
+    for _ in range(3000):
+        size = int(2 ** r.uniform(9, 29.6))
+        life = int(r.expovariate(1 / 40)) + 1
+        base.append((size, life))
+    pending = []
+    for it in range(10):
+        w.it(it)
+        for k, (size, life) in enumerate(base):
+            size = max(512, int(size * r.uniform(0.7, 1.3)))
+            pending.append((k + life, w.a(size)))
+            pending.sort()
+            while pending and pending[0][0] <= k:
+                w.free(pending.pop(0)[1])
+        for _, i in pending:
+            w.free(i)
+        pending = []
+
+
+def ckpt_dyn(w, r):
+    params = [w.a(r.choice([8, 32]) * MiB) for _ in range(96)]
+    opt = [w.a(64 * MiB) for _ in range(96)]
+    for it in range(12):
+        w.it(it)
+        seq = r.choice([128, 256, 512, 768, 1024, 1536, 2048])
+        b = 8
+        ckpts = []
+        for l in range(24):  # forward: keep only each layer's input
+            ckpts.append(w.a(b * seq * 2048 * 2))
+            t = [w.a(b * seq * x * 2) for x in (2048, 6144, 8192)]
+            for x in t:
+                w.free(x)
+        logits = w.a(b * seq * 50272 * 4)
+        for l in reversed(range(24)):  # backward: recompute the layer, then its grads
+            re = [w.a(b * seq * x * 2) for x in (2048, 2048, 8192, 8192)]
+            g = [w.a(b * seq * 2048 * 2) for _ in range(2)]
+            for x in re + g[:1]:
+                w.free(x)
+            w.free(ckpts[l])
+            w.free(g[1])
+            if l == 23:
+                w.free(logits)
+    for x in params + opt:
+        w.free(x)
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "traces", "synthetic")
+    os.makedirs(out, exist_ok=True)
+    for name, fn, seed in [("synth-kvcache", kvcache, 1), ("synth-offload", offload, 2),
+                           ("synth-mixed", mixed, 3), ("synth-ckpt-dyn", ckpt_dyn, 4)]:
+        w = writer(os.path.join(out, name + ".trace.gz"), name)
+        fn(w, random.Random(seed))
+        w.close()
+        print(f"{out}/{name}.trace.gz: {w.next} allocations")
+
+
+if __name__ == "__main__":
+    main()
