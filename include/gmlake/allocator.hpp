@@ -513,7 +513,7 @@ class basic_allocator {
   /// done. `force`: also a block in use (the allocator is going away).
   bool unmap_stitch(stitch_block& b, bool force) noexcept {
     if (b.in_use && !force) return false;
-    if (!b.in_use && !streams_.wait(b.tag)) return false;
+    if (!b.in_use && !streams_.wait(b.tag) && !force) return false;  // force: going away, no retry
     if (backend_.unmap(b.va, b.mapped) != errc::ok) {
       count(call::unmap, b.mapped / chunk_);
       if (!force) return false;
