@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
@@ -389,4 +390,35 @@ TEST_CASE("faults: the destructor ends even when no event call succeeds") {
   CHECK(backend.parent().reservation_count() == 0);
   CHECK(backend.parent().mapping_count() == 0);
   CHECK(backend.parent().chunk_count() == 0);
+}
+
+// BUG (fixed, found by tests/fuzz): growing a free range into the hole before it,
+// when the new chunks fill the hole, merged them first with the free range on the
+// hole's other side (pending on another stream) and then not with the neighbour,
+// and the request was carved from that merge: too small (carve outside a free
+// range) or, when large enough, bytes another stream's work still used.
+TEST_CASE("faults (fuzz regression): extension into a hole between two pending free ranges") {
+  gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), [] {
+    gmlake::options o;
+    o.small_max = 16 * kib;
+    return o;
+  }());
+  a.backend().set_auto_complete(false);
+  void* x = a.allocate(C, 1);      // [0, C)
+  void* y = a.allocate(C, 1);      // [C, 2C): becomes the hole
+  void* z = a.allocate(2 * C, 1);  // [2C, 4C)
+  void* w = a.allocate(C, 1);      // fence
+  REQUIRE(static_cast<char*>(y) == static_cast<char*>(x) + C);
+  REQUIRE(static_cast<char*>(z) == static_cast<char*>(y) + C);
+  a.deallocate(y, C, 1);
+  CHECK(a.release_cached() == C);
+  a.deallocate(x, C, 2);      // pending on stream 2
+  a.deallocate(z, 2 * C, 1);  // pending on stream 1
+  void* p = a.allocate(3 * C, 1);
+  CHECK(p != x);  // never bytes stream 2 may still use
+  std::memset(p, 1, 3 * C);
+  CHECK(a.check_invariants());
+  a.deallocate(p, 3 * C, 1);
+  a.deallocate(w, C, 1);
+  gmlake_test::check_released(a);
 }

@@ -236,7 +236,11 @@ class basic_allocator {
     if (stitch_.create_shortfall()) {  // S4: grow a free range by the shortfall
       typename arena_type::extension e;
       if (a.find_extension(size + slack, usable, e)) {
-        if (auto r = a.extend(e)) return take(a, *r.value, size, requested, alignment, fit_state::s4_shortfall);
+        // The new chunks may have merged with the free range on the hole's other side
+        // first, and then not with the neighbour (another stream's pending work): use
+        // the result only if it holds the request and is usable; else it stays free.
+        if (auto r = a.extend(e); r && r.value->size >= size + slack && usable(*r.value))
+          return take(a, *r.value, size, requested, alignment, fit_state::s4_shortfall);
       }
       if (stitching) {
         if (void* p = stitch(size, requested, s, true)) return p;  // S4: stitch free pieces with new chunks
