@@ -9,10 +9,12 @@
 // there: a wrong mapping or two blocks sharing bytes both show). At the end:
 // everything freed, release_cached(), nothing reserved or mapped.
 //
-// Build (what .ci/fuzz does):
-//   clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -DGMLAKE_DEBUG=2 \
-//     -Iinclude tests/fuzz/fuzz_allocator.cpp -o build-fuzz/fuzz_allocator
+// Build and run: `bash .ci/fuzz [SECONDS]`, which does
+//   clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+//     -DGMLAKE_DEBUG=2 -Iinclude tests/fuzz/fuzz_allocator.cpp -o build-fuzz/fuzz_allocator
 //   build-fuzz/fuzz_allocator -max_total_time=60 build-fuzz/corpus tests/fuzz/corpus
+// The seed corpus tests/fuzz/corpus holds random seeds, one hand-made stitching
+// program, and inputs that once crashed (regress-*).
 #include <gmlake/gmlake.hpp>
 
 #include <cstddef>
