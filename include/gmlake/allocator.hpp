@@ -429,7 +429,14 @@ class basic_allocator {
     stats_.mapped_bytes.add(static_cast<std::int64_t>(mapped));
     if (!activate(*b, size, requested, s, st)) {
       // New chunks merged with a neighbour another stream still uses: give up on it.
-      unmap_stitch(*b, true);
+      // If it cannot be unmapped now, cache it (as if freed): release_cached() retries.
+      if (!unmap_stitch(*b, false)) {
+        b->last_use = ++clock_;
+        b->cached = true;
+        cache_.insert(*b);
+        lru_.push_back(*b);
+        cached_bytes_ += b->mapped;
+      }
       return nullptr;
     }
     return reinterpret_cast<void*>(b->pointer);

@@ -10,11 +10,13 @@
 // everything freed, release_cached(), nothing reserved or mapped.
 //
 // Build and run: `bash .ci/fuzz [SECONDS]`, which does
-//   clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+//   clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 //     -DGMLAKE_DEBUG=2 -Iinclude tests/fuzz/fuzz_allocator.cpp -o build-fuzz/fuzz_allocator
+//     (one command)
 //   build-fuzz/fuzz_allocator -max_total_time=60 build-fuzz/corpus tests/fuzz/corpus
 // The seed corpus tests/fuzz/corpus holds random seeds, one hand-made stitching
-// program, and inputs that once crashed (regress-*).
+// program, and inputs that once crashed (regress-*); tests/test_fuzz_corpus.cpp
+// replays them all in the normal test builds.
 #include <gmlake/gmlake.hpp>
 
 #include <cstddef>
