@@ -286,7 +286,11 @@ class basic_allocator {
       stitch_plan plan;
       const bool can_stitch = stitching && plan_stitch(size, s, true, plan);
       if (can_extend && (!can_stitch || e.bytes <= plan.fresh)) {  // grow a free range by the shortfall
-        if (auto r = a.extend(e)) return take(a, *r.value, size, requested, alignment, fit_state::s4_shortfall);
+        // The new chunks may have merged with the free range on the hole's other side
+        // first, and then not with the neighbour (another stream's pending work): use
+        // the result only if it holds the request and is usable; else it stays free.
+        if (auto r = a.extend(e); r && r.value->size >= size + slack && usable(*r.value))
+          return take(a, *r.value, size, requested, alignment, fit_state::s4_shortfall);
       }
       if (can_stitch) {
         if (void* p = stitch(plan, size, requested, s)) return p;  // stitch free pieces with new chunks
@@ -487,7 +491,14 @@ class basic_allocator {
     stats_.mapped_bytes.add(static_cast<std::int64_t>(mapped));
     if (!activate(*b, size, requested, s, st)) {
       // New chunks merged with a neighbour another stream still uses: give up on it.
-      unmap_stitch(*b, true);
+      // If it cannot be unmapped now, cache it (as if freed): release_cached() retries.
+      if (!unmap_stitch(*b, false)) {
+        b->last_use = ++clock_;
+        b->cached = true;
+        cache_.insert(*b);
+        lru_.push_back(*b);
+        cached_bytes_ += b->mapped;
+      }
       return nullptr;
     }
     return reinterpret_cast<void*>(b->pointer);
@@ -573,7 +584,7 @@ class basic_allocator {
   /// done. `force`: also a block in use (the allocator is going away).
   bool unmap_stitch(stitch_block& b, bool force) noexcept {
     if (b.in_use && !force) return false;
-    if (!b.in_use && !streams_.wait(b.tag)) return false;
+    if (!b.in_use && !streams_.wait(b.tag) && !force) return false;  // force: going away, no retry
     if (backend_.unmap(b.va, b.mapped) != errc::ok) {
       count(call::unmap, b.mapped / chunk_);
       if (!force) return false;

@@ -257,6 +257,25 @@ class host_memfd : public detail::host_streams {
   /// Chunks with memory behind them (live, or released but still mapped).
   [[nodiscard]] std::size_t chunk_count() const noexcept { return s_->chunks.size(); }
 
+  /// @brief The offset in the backing file of the byte mapped at va.
+  /// @return errc::invalid if no chunk is mapped at va.
+  [[nodiscard]] result<std::size_t> offset_of(std::uintptr_t va) const noexcept {
+    auto it = s_->mappings.upper_bound(va);
+    if (it == s_->mappings.begin()) return errc::invalid;
+    --it;
+    if (va - it->first >= it->second.size) return errc::invalid;
+    return it->second.offset + (va - it->first);
+  }
+
+  /// @brief Reads n bytes of the backing file at `offset` with pread, through no
+  ///        mapping: what the chunks hold, whatever is mapped where.
+  /// @return false if the read fails or is short.
+  [[nodiscard]] bool read_file(std::size_t offset, void* out, std::size_t n) const noexcept {
+    if (offset > s_->capacity || n > s_->capacity - offset) return false;
+    const ssize_t got = ::pread(s_->fd, out, n, static_cast<off_t>(offset));
+    return got >= 0 && static_cast<std::size_t>(got) == n;
+  }
+
  private:
   static constexpr unsigned char slot_free = 0;
   static constexpr unsigned char slot_used = 1;
