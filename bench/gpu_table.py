@@ -2,6 +2,11 @@
 """Turns gmlake-gpu-replay JSON lines into the markdown table of docs/benchmarks.md.
 
     python3 bench/gpu_table.py replay.jsonl > table.md
+    python3 bench/gpu_table.py replay.jsonl --into docs/benchmarks.md
+
+--into writes the section "On the H200" into the file, between the markers
+<!-- h200 --> and <!-- /h200 --> (appended with them when absent);
+bench/run_benchmarks.py does so with bench/results/h200-replay.jsonl.
 
 Per trace: each allocator's own peak reserved, the device's view of it, fragmentation
 (1 - peak live / peak reserved), time per allocate/free after iteration 4, and for
@@ -9,12 +14,13 @@ gmlake the measured driver time per iteration after 4; then whether gmlake is at
 below the best peer, and at or below PyTorch's default time per operation.
 """
 import json
+import os
 import sys
 
 ORDER = ["gmlake", "torch-default", "torch-expandable", "cudaMallocAsync"]
 
 
-def main(path):
+def table(path):
     rows = {}
     for line in open(path):
         line = line.strip()
@@ -35,7 +41,7 @@ def main(path):
                 continue
             drv = f"{r['driver_us_per_iter_after_4']:.1f}" if name == "gmlake" else "n/a"
             out.append(f"| {trace} | {name} | {r['peak_live_bytes']/1e9:.2f} | {r['peak_reserved_bytes']/1e9:.2f} "
-                       f"| {r['device_peak_bytes']/1e9:.2f} | {100*r['fragmentation']:.1f}% | {r['ns_per_op_after_4']:.0f} "
+                       f"| {r['device_peak_bytes']/1e9:.2f} | {100*r['fragmentation']:.2f}% | {r['ns_per_op_after_4']:.0f} "
                        f"| {drv} | {r['device_allocs_after_4']} | {r['failed']} |")
         g = by.get("gmlake")
         peers = [by[n] for n in ORDER[1:] if n in by]
@@ -49,10 +55,51 @@ def main(path):
                 f"{best['peak_reserved_bytes']/1e9:.2f} GB: {'at or below' if mem_ok else 'ABOVE'}; "
                 f"{g['ns_per_op_after_4']:.0f} ns/op vs PyTorch default "
                 f"{t['ns_per_op_after_4'] if t else float('nan'):.0f}: {'at or below' if time_ok else 'ABOVE'}")
-    print("\n".join(out))
-    print()
-    print("\n".join(verdicts))
+    return "\n".join(out) + "\n\n" + "\n".join(verdicts) + "\n"
+
+
+HEADER = """## On the H200
+
+Every trace of ../shared/traces replayed on one NVIDIA H200 (CUDA 13.0, driver 580.159,
+torch 2.11.0+cu130) by `gmlake-gpu-replay`, one process per trace and allocator, streams
+honoured (each trace stream a CUDA stream; frees on the allocating stream): gmlake's
+default allocator on the CUDA VMM backend, PyTorch's caching allocator through
+libtorch's `raw_alloc_with_stream`/`raw_delete` (default, and `expandable_segments:True`),
+and `cudaMallocAsync` on the device's default pool (release threshold: never). All in
+C++, in the same run. Peak reserved is each allocator's own high-water mark; the device
+view is the largest drop of `cudaMemGetInfo`'s free bytes at iteration markers and at
+the end (they agree). ns/op: wall time of the replay loop after the `i 4` marker over
+the allocate and free calls (loop overhead included). Driver us/iter: measured time
+inside CUDA driver calls after `i 4` (gmlake only; the peers' device allocations are
+counted instead).
+
+Command (on the GPU machine): `GMLAKE_BIN=... bash .ci/gpu OUT ../shared/traces/*.trace.gz`,
+then `python3 bench/gpu_table.py OUT/replay.jsonl`; these figures:
+`bench/results/h200-replay.jsonl`.
+
+"""
+
+
+def into(path, section):
+    begin, end = "<!-- h200 -->", "<!-- /h200 -->"
+    text = open(path).read() if os.path.exists(path) else ""
+    block = begin + "\n" + section + end
+    if begin in text and end in text:
+        text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def main(argv):
+    if len(argv) == 3 and argv[1] == "--into":
+        into(argv[2], HEADER + table(argv[0]))
+    elif len(argv) == 1:
+        sys.stdout.write(table(argv[0]))
+    else:
+        sys.exit(__doc__)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])

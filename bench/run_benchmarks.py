@@ -186,6 +186,11 @@ def main():
             text = text[:text.index(begin) + len(begin)] + "\n" + "\n".join(body) + "\n" + text[text.index(end):]
             with open(readme, "w") as f:
                 f.write(text)
+    # The GPU replay measured on the H200 (bench/results/README.md).
+    gpu = os.path.join(ROOT, "bench", "results", "h200-replay.jsonl")
+    if os.path.exists(gpu):
+        subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_table.py"), gpu, "--into",
+                        os.path.join(a.out, "benchmarks.md")], check=True)
     print(f"wrote {os.path.join(a.out, 'benchmarks.md')}", file=sys.stderr)
 
 
