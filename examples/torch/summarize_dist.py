@@ -18,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from summarize import ALLOCATORS, PEERS, gb, loss_compare  # noqa: E402
+from summarize import ALLOCATORS, PEERS, failures, gb, loss_compare  # noqa: E402
 
 SCHEMA = "gmlake-torch-dist/1"
 MODES = ["ddp", "fsdp"]
@@ -116,22 +116,6 @@ def mode_table(mode, runs, lines, verdicts):
         missing = [p for p in PEERS if p not in by or not by[p].get("ok")]
         verdicts.append(f"- {tag}: gmlake <= best peer? " + "; ".join(parts)
                         + (f" (peers missing: {', '.join(missing)})" if missing else ""))
-    lines.append("")
-
-
-def failures(runs, dirpath, lines):
-    bad = [r for r in runs if not r.get("ok")]
-    skipped = os.path.join(dirpath, "skipped.txt")
-    extra = open(skipped).read().strip() if os.path.exists(skipped) else ""
-    if not bad and not extra:
-        return
-    lines.append("## Failed or skipped")
-    lines.append("")
-    for r in bad:
-        err = (r.get("error") or "no error recorded (killed?)").splitlines()[0][:300]
-        lines.append(f"- `{r['_path']}`: failed during {r.get('phase')}: {err}")
-    for line in extra.splitlines():
-        lines.append(f"- {line}")
     lines.append("")
 
 

@@ -375,6 +375,22 @@ def new_record():
     return {"losses": [], "losses_hex": [], "step_seconds": [], "seq_lens": [], "tokens": []}
 
 
+def keep_determinism_warnings():
+    """Keeps (up to 10 of) the warnings about ops without a deterministic kernel in
+    R["determinism_warnings"], still showing every warning as usual."""
+    kept = []
+    show = warnings.showwarning
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        s = f"{category.__name__}: {message}"
+        if "determinis" in s.lower() and s not in kept and len(kept) < 10:
+            kept.append(s[:500])
+        show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = showwarning
+    R["determinism_warnings"] = kept
+
+
 def main(argv=None):
     global OUT_PATH, _GM
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -403,17 +419,7 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    det_warnings = []
-    show = warnings.showwarning
-
-    def showwarning(message, category, filename, lineno, file=None, line=None):
-        s = f"{category.__name__}: {message}"
-        if "determinis" in s.lower() and s not in det_warnings and len(det_warnings) < 10:
-            det_warnings.append(s[:500])
-        show(message, category, filename, lineno, file, line)
-
-    warnings.showwarning = showwarning
-    R["determinism_warnings"] = det_warnings
+    keep_determinism_warnings()
 
     torch = None
     rec = None

@@ -44,7 +44,6 @@ import signal
 import sys
 import time
 import traceback
-import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
@@ -178,17 +177,7 @@ def main(argv=None):
     signal.signal(signal.SIGTERM, T.on_signal)
     signal.signal(signal.SIGINT, T.on_signal)
 
-    det_warnings = []
-    show = warnings.showwarning
-
-    def showwarning(message, category, filename, lineno, file=None, line=None):
-        s = f"{category.__name__}: {message}"
-        if "determinis" in s.lower() and s not in det_warnings and len(det_warnings) < 10:
-            det_warnings.append(s[:500])
-        show(message, category, filename, lineno, file, line)
-
-    warnings.showwarning = showwarning
-    R["determinism_warnings"] = det_warnings
+    T.keep_determinism_warnings()
 
     torch = None
     dist = None
