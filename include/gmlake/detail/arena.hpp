@@ -123,6 +123,11 @@ class arena {
   }
   [[nodiscard]] slot& slot_of(std::uintptr_t p) noexcept { return slots_[(p - base_) / chunk_]; }
   [[nodiscard]] std::size_t max_handle() const noexcept { return max_handle_; }
+  /// Growth creates at least this many bytes where the hole allows (0: what is needed).
+  void set_min_growth(std::size_t bytes) noexcept { min_growth_ = round_up(bytes, chunk_); }
+  [[nodiscard]] std::size_t min_growth() const noexcept { return min_growth_; }
+  /// A growth of more than parts x max_handle bytes creates `parts` equal handles (0: off).
+  void set_handle_parts(std::size_t parts) noexcept { handle_parts_ = parts; }
 
   /// Start and end of the handle that holds byte p. Pre: p's chunk is mapped.
   [[nodiscard]] std::uintptr_t handle_floor(std::uintptr_t p) const noexcept {
@@ -220,8 +225,9 @@ class arena {
   /// Maps new chunks as e says. Needs 2 nodes. Returns the free range that now
   /// holds the neighbour and the new bytes.
   [[nodiscard]] result<range*> extend(const extension& e) noexcept {
-    const std::uintptr_t at = e.after ? e.hole->addr : e.hole->end() - e.bytes;
-    return populate(*e.hole, at, e.bytes, e.neighbour->segment);
+    const std::size_t bytes = std::max(e.bytes, std::min(min_growth_, e.hole->size));
+    const std::uintptr_t at = e.after ? e.hole->addr : e.hole->end() - bytes;
+    return populate(*e.hole, at, bytes, e.neighbour->segment);
   }
 
   /// Maps `bytes` of new chunks at the start of the smallest hole that holds them,
@@ -230,6 +236,7 @@ class arena {
   [[nodiscard]] result<range*> grow(std::size_t bytes, std::uint32_t segment, std::uintptr_t& fresh) noexcept {
     auto it = holes_.lower_bound(size_key{bytes}, size_key_less{});
     if (it == holes_.end()) return errc::out_of_memory;  // address space exhausted
+    bytes = std::max(bytes, std::min(min_growth_, it->size));
     fresh = it->addr;
     return populate(*it, it->addr, bytes, segment);
   }
@@ -404,7 +411,8 @@ class arena {
       }
     }
     // Handles of up to max_handle_ bytes each, the first ones largest.
-    const std::size_t per = max_handle_ / chunk_;
+    std::size_t per = max_handle_ / chunk_;
+    if (handle_parts_ != 0) per = std::max(per, (n + handle_parts_ - 1) / handle_parts_);
     std::size_t created = 0, mapped = 0;  // slots covered by created / mapped handles
     errc failure = errc::ok;
     while (created < n) {
@@ -561,6 +569,8 @@ class arena {
   statistics& stats_;
   std::size_t chunk_;
   std::size_t max_handle_;
+  std::size_t min_growth_ = 0;
+  std::size_t handle_parts_ = 0;
   std::uintptr_t base_ = 0;
   std::size_t size_ = 0;
   std::uint32_t segments_ = 0;
