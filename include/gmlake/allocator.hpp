@@ -63,9 +63,15 @@ struct options {
   /// only with a stitch policy that stitches and creates shortfalls (the gmlake
   /// configuration), where the surplus is reused by the next stitch or split.
   std::size_t min_growth = std::size_t{16} << 20;
-  /// A growth of the large arena of more than handle_parts x max_handle bytes creates
-  /// handle_parts equal handles instead (0: always max_handle).
-  std::size_t handle_parts = 0;
+  /// ... and at least reserved / growth_divisor (0: no such term; capped at max_handle
+  /// too): the surplus stays a small fraction of the footprint.
+  std::size_t growth_divisor = 512;
+  /// A growth of the large arena of at least big_growth bytes (a new peak for a
+  /// very large request) creates handles of up to big_handle bytes instead of
+  /// max_handle (0: off): gpt2l-fsdp-dyn's 2.4 GB logits cost 74 handles at 32 MiB.
+  /// Applies with the same policies as min_growth.
+  std::size_t big_growth = std::size_t{768} << 20;
+  std::size_t big_handle = std::size_t{256} << 20;
   /// Called on misuse (double or foreign free) with a message; nullptr: abort with the
   /// message when GMLAKE_DEBUG >= 1, ignore otherwise.
   void (*on_misuse)(const char* what, void* pointer) = nullptr;
@@ -97,9 +103,12 @@ class basic_allocator {
       fail_open(e);
     }
     large_base_ = large_.base();
-    if (stitch_.max_pieces() > 0 && stitch_.create_shortfall())
-      large_.set_min_growth(std::min(opt_.min_growth, round_up(opt_.max_handle, chunk_)));
-    large_.set_handle_parts(opt_.handle_parts);
+    if (stitch_.max_pieces() > 0 && stitch_.create_shortfall()) {
+      // Capped at max_handle (one handle) and at capacity / 1024 (no effect on small devices).
+      const std::size_t cap = std::min(round_up(opt_.max_handle, chunk_), backend_.capacity() / 1024);
+      large_.set_min_growth(opt_.min_growth, opt_.growth_divisor, cap);
+      large_.set_big_growth(opt_.big_growth, opt_.big_handle);
+    }
   }
   basic_allocator() requires std::default_initializable<Backend> : basic_allocator(Backend{}) {}
   basic_allocator(const basic_allocator&) = delete;

@@ -123,11 +123,27 @@ class arena {
   }
   [[nodiscard]] slot& slot_of(std::uintptr_t p) noexcept { return slots_[(p - base_) / chunk_]; }
   [[nodiscard]] std::size_t max_handle() const noexcept { return max_handle_; }
-  /// Growth creates at least this many bytes where the hole allows (0: what is needed).
-  void set_min_growth(std::size_t bytes) noexcept { min_growth_ = round_up(bytes, chunk_); }
-  [[nodiscard]] std::size_t min_growth() const noexcept { return min_growth_; }
-  /// A growth of more than parts x max_handle bytes creates `parts` equal handles (0: off).
-  void set_handle_parts(std::size_t parts) noexcept { handle_parts_ = parts; }
+  /// Growth creates at least `bytes` where the hole allows (0: what is needed), and at
+  /// least reserved / divisor (divisor 0: no such term), capped at `cap` (rounded down
+  /// to the chunk). If the surplus cannot be created, growth creates what is needed.
+  void set_min_growth(std::size_t bytes, std::size_t divisor = 0, std::size_t cap = ~std::size_t{0}) noexcept {
+    min_growth_ = round_up(bytes, chunk_);
+    cap = round_down(cap, chunk_);
+    growth_divisor_ = divisor;
+    growth_cap_ = cap;
+  }
+  /// The fewest bytes growth creates now.
+  [[nodiscard]] std::size_t min_growth() const noexcept {
+    std::size_t g = min_growth_;
+    if (growth_divisor_ != 0)
+      g = std::max(g, round_down(static_cast<std::size_t>(stats_.reserved_bytes.current) / growth_divisor_, chunk_));
+    return std::min(g, growth_cap_);
+  }
+  /// A growth of at least `growth` bytes creates handles of up to `handle` bytes (0: off).
+  void set_big_growth(std::size_t growth, std::size_t handle) noexcept {
+    big_growth_ = growth;
+    big_handle_ = round_up(handle, chunk_);
+  }
 
   /// Start and end of the handle that holds byte p. Pre: p's chunk is mapped.
   [[nodiscard]] std::uintptr_t handle_floor(std::uintptr_t p) const noexcept {
@@ -225,9 +241,12 @@ class arena {
   /// Maps new chunks as e says. Needs 2 nodes. Returns the free range that now
   /// holds the neighbour and the new bytes.
   [[nodiscard]] result<range*> extend(const extension& e) noexcept {
-    const std::size_t bytes = std::max(e.bytes, std::min(min_growth_, e.hole->size));
+    const std::size_t bytes = std::max(e.bytes, std::min(min_growth(), e.hole->size));
     const std::uintptr_t at = e.after ? e.hole->addr : e.hole->end() - bytes;
-    return populate(*e.hole, at, bytes, e.neighbour->segment);
+    auto r = populate(*e.hole, at, bytes, e.neighbour->segment);
+    if (r || bytes == e.bytes) return r;
+    // The surplus did not fit (the backend is nearly full): create only what is needed.
+    return populate(*e.hole, e.after ? e.hole->addr : e.hole->end() - e.bytes, e.bytes, e.neighbour->segment);
   }
 
   /// Maps `bytes` of new chunks at the start of the smallest hole that holds them,
@@ -236,9 +255,11 @@ class arena {
   [[nodiscard]] result<range*> grow(std::size_t bytes, std::uint32_t segment, std::uintptr_t& fresh) noexcept {
     auto it = holes_.lower_bound(size_key{bytes}, size_key_less{});
     if (it == holes_.end()) return errc::out_of_memory;  // address space exhausted
-    bytes = std::max(bytes, std::min(min_growth_, it->size));
+    const std::size_t want = std::max(bytes, std::min(min_growth(), it->size));
     fresh = it->addr;
-    return populate(*it, it->addr, bytes, segment);
+    auto r = populate(*it, it->addr, want, segment);
+    if (r || want == bytes) return r;
+    return populate(*it, it->addr, bytes, segment);  // the surplus did not fit: only what is needed
   }
 
   /// Unmaps and releases every chunk wholly inside a free range whose stream work is
@@ -412,7 +433,7 @@ class arena {
     }
     // Handles of up to max_handle_ bytes each, the first ones largest.
     std::size_t per = max_handle_ / chunk_;
-    if (handle_parts_ != 0) per = std::max(per, (n + handle_parts_ - 1) / handle_parts_);
+    if (big_growth_ != 0 && bytes >= big_growth_) per = std::max(per, big_handle_ / chunk_);
     std::size_t created = 0, mapped = 0;  // slots covered by created / mapped handles
     errc failure = errc::ok;
     while (created < n) {
@@ -570,7 +591,9 @@ class arena {
   std::size_t chunk_;
   std::size_t max_handle_;
   std::size_t min_growth_ = 0;
-  std::size_t handle_parts_ = 0;
+  std::size_t growth_divisor_ = 0;
+  std::size_t growth_cap_ = ~std::size_t{0};
+  std::size_t big_growth_ = 0, big_handle_ = 0;
   std::uintptr_t base_ = 0;
   std::size_t size_ = 0;
   std::uint32_t segments_ = 0;
