@@ -416,6 +416,7 @@ int main(int argc, char** argv) {
     else if (a == "--cached-scan" && i + 1 < argc) k.opt.cached_scan = num(1);
     else if (a == "--pieces" && i + 1 < argc) k.pieces = num(1);
     else if (a == "--no-lend") k.opt.lend_at_peak = false;
+    else if (a == "--lend-to-small") k.opt.lend_to_small_at_peak = true;
     else if (a == "--max-handle-mib" && i + 1 < argc) k.opt.max_handle = num(std::size_t{1} << 20);
     else if (a == "--log-driver") k.log_driver = true;
     else if (a == "--big-growth-mib" && i + 1 < argc) k.opt.big_growth = num(std::size_t{1} << 20);
@@ -425,7 +426,7 @@ int main(int argc, char** argv) {
     else if (a == "-h" || a == "--help") {
       std::printf("usage: gmlake-replay [--json] [--breakdown] [--config NAME]... [--cost-model FILE]\n"
                   "                     [--timeline DIR] [--chunk-mib N] [--small-max-kib N] [--cached-scan N]\n"
-                  "                     [--pieces N] [--max-handle-mib N] [--min-growth-mib N]\n                     [--growth-divisor N]\n                     [--big-growth-mib N] [--big-handle-mib N] [--log-driver]\n"
+                  "                     [--pieces N] [--max-handle-mib N] [--min-growth-mib N]\n                     [--growth-divisor N]\n                     [--big-growth-mib N] [--big-handle-mib N] [--no-lend]\n                     [--lend-to-small] [--log-driver]\n"
                   "                     TRACE.trace.gz...\nconfigurations:");
       for (const auto& n : config_names()) std::printf(" %s", n.c_str());
       std::puts("\n(default: gmlake bfc expandable gmlake-paper). Progress goes to stderr when it is a terminal.");

@@ -275,6 +275,39 @@ class arena {
     return released;
   }
 
+  /// Unmaps and releases one unpinned whole handle of at least `bytes` inside a free
+  /// range whose stream work is known done: the smallest such handle in the `scan`
+  /// largest free ranges. Returns the bytes released (0: none).
+  std::size_t release_one_handle(std::size_t bytes, std::size_t scan) noexcept {
+    range* best = nullptr;
+    std::uintptr_t best_a = 0, best_e = 0;
+    for (auto it = free_.rbegin(); it != free_.rend() && it->size >= bytes && scan > 0; ++it, --scan) {
+      range& r = const_cast<range&>(*it);
+      if (!streams_.known_done(r.tag)) continue;
+      const auto sp = split_of(r);
+      for (std::uintptr_t a = r.addr + sp.head, hi = a + sp.whole; a < hi;) {
+        const std::uintptr_t e = handle_end(a);
+        if (e - a >= bytes && slot_of(a).stitch_refs == 0 && (best == nullptr || e - a < best_e - best_a)) {
+          best = &r;
+          best_a = a;
+          best_e = e;
+        }
+        a = e;
+      }
+    }
+    if (best == nullptr || !nodes_.reserve(2)) return 0;
+    if (backend_.unmap(best_a, best_e - best_a) != errc::ok) {
+      count(call::unmap);
+      return 0;
+    }
+    count(call::unmap);
+    (void)backend_.release(slot_of(best_a).chunk);
+    count(call::release);
+    for (std::uintptr_t c = best_a; c < best_e; c += chunk_) forget_chunk(slot_of(c));
+    (void)carve_hole(*best, best_a, best_e);
+    return best_e - best_a;
+  }
+
   /// Coalesces every pair of adjacent free ranges the stream rules now allow.
   void coalesce_all() noexcept {
     for (auto it = address_.begin(); it != address_.end();) {
