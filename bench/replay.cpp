@@ -243,6 +243,7 @@ struct knobs {
   gmlake::options opt;
   std::string timeline_dir;  ///< write TRACE.CONFIG.csv (event, live, reserved) here
   std::size_t pieces = 0;    ///< 0: the policy's default cap on pieces per stitch
+  bool log_driver = false;   ///< print every operation after i 4 that cost driver time (stderr)
 };
 
 template <class Allocator>
@@ -273,8 +274,20 @@ outcome replay(const trace& t, const char* name, const knobs& k, Allocator& a) {
     const event& e = t.events[i];
     switch (e.kind) {
       case event::alloc: {
+        const double us_before = k.log_driver && seen4 ? a.backend().counts().us : 0;
+        const auto calls_before = k.log_driver && seen4 ? a.backend().counts().calls : decltype(at4.calls){};
         void* p = a.try_allocate(e.bytes, e.stream);
         ++ops;
+        if (k.log_driver && seen4 && a.backend().counts().us > us_before) {
+          const auto& now_c = a.backend().counts();
+          std::fprintf(stderr, "drv %s event %zu alloc %llu stream %llu live %llu: %.0f us;", name, i,
+                       (unsigned long long)e.bytes, (unsigned long long)e.stream, (unsigned long long)live,
+                       now_c.us - us_before);
+          for (std::size_t c = 0; c < gmlake::call_count; ++c)
+            if (now_c.calls[c] != calls_before[c])
+              std::fprintf(stderr, " %s %llu", gmlake::call_names[c], (unsigned long long)(now_c.calls[c] - calls_before[c]));
+          std::fprintf(stderr, "\n");
+        }
         if (p == nullptr) {
           ++o.failed;
           break;
@@ -403,11 +416,17 @@ int main(int argc, char** argv) {
     else if (a == "--cached-scan" && i + 1 < argc) k.opt.cached_scan = num(1);
     else if (a == "--pieces" && i + 1 < argc) k.pieces = num(1);
     else if (a == "--no-lend") k.opt.lend_at_peak = false;
+    else if (a == "--lend-to-small") k.opt.lend_to_small_at_peak = true;
     else if (a == "--max-handle-mib" && i + 1 < argc) k.opt.max_handle = num(std::size_t{1} << 20);
+    else if (a == "--log-driver") k.log_driver = true;
+    else if (a == "--big-growth-mib" && i + 1 < argc) k.opt.big_growth = num(std::size_t{1} << 20);
+    else if (a == "--big-handle-mib" && i + 1 < argc) k.opt.big_handle = num(std::size_t{1} << 20);
+    else if (a == "--growth-divisor" && i + 1 < argc) k.opt.growth_divisor = num(1);
+    else if (a == "--min-growth-mib" && i + 1 < argc) k.opt.min_growth = num(std::size_t{1} << 20);
     else if (a == "-h" || a == "--help") {
       std::printf("usage: gmlake-replay [--json] [--breakdown] [--config NAME]... [--cost-model FILE]\n"
                   "                     [--timeline DIR] [--chunk-mib N] [--small-max-kib N] [--cached-scan N]\n"
-                  "                     [--pieces N] [--max-handle-mib N]\n"
+                  "                     [--pieces N] [--max-handle-mib N] [--min-growth-mib N]\n                     [--growth-divisor N]\n                     [--big-growth-mib N] [--big-handle-mib N] [--no-lend]\n                     [--lend-to-small] [--log-driver]\n"
                   "                     TRACE.trace.gz...\nconfigurations:");
       for (const auto& n : config_names()) std::printf(" %s", n.c_str());
       std::puts("\n(default: gmlake bfc expandable gmlake-paper). Progress goes to stderr when it is a terminal.");

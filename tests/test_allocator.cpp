@@ -666,3 +666,53 @@ TEST_CASE("growth creates handles of up to max_handle; parts of a handle are reu
   for (void* x : {s, keep, q, r}) a.deallocate(x);
   all_released(a);
 }
+
+TEST_CASE("growth floor: the surplus of a small growth serves the next request; big growths use big handles") {
+  gmlake::options o = opts();
+  o.max_handle = 16 * C;
+  o.min_growth = 8 * C;
+  o.growth_divisor = 0;
+  o.big_growth = 64 * C;
+  o.big_handle = 32 * C;
+  gmlake::gmlake_allocator<counting<simulated>> a(counting<simulated>(1024 * mib, C), o);  // capacity/1024 = 16 C
+  void* p = a.allocate(2 * C);
+  CHECK(reserved(a) == static_cast<std::int64_t>(8 * C));
+  const auto creates = a.backend().counts().calls_of(call::create);
+  void* q = a.allocate(3 * C);  // in the surplus: nothing created
+  CHECK(a.backend().counts().calls_of(call::create) == creates);
+  void* big = a.allocate(100 * C);  // about 97 new chunks: handles of 32 C, not 16 C
+  CHECK(a.backend().counts().calls_of(call::create) <= creates + 4);
+  CHECK(a.check_invariants());
+  for (void* x : {p, q, big}) a.deallocate(x);
+  // A backend too small for the floor: growth creates what is needed.
+  gmlake::gmlake_allocator<simulated> s(simulated(cap, C), o);  // capacity/1024 < C: no floor
+  void* r = s.allocate(2 * C);
+  CHECK(reserved(s) == static_cast<std::int64_t>(2 * C));
+  s.deallocate(r);
+  // Policies without stitching keep growing by what is needed.
+  gmlake::bfc_allocator<simulated> b(simulated(1024 * mib, C), o);
+  void* t = b.allocate(2 * C);
+  CHECK(reserved(b) == static_cast<std::int64_t>(2 * C));
+  b.deallocate(t);
+  all_released(a);
+  all_released(s);
+  all_released(b);
+}
+
+TEST_CASE("lend_to_small_at_peak: a free large-arena handle is released before the small arena grows past the peak") {
+  gmlake::options o = opts();
+  o.lend_to_small_at_peak = true;
+  gmlake::gmlake_allocator<simulated> a(simulated(cap, C), o);
+  void* p = a.allocate(4 * C);
+  a.deallocate(p);
+  CHECK(reserved(a) == static_cast<std::int64_t>(4 * C));
+  void* small = a.allocate(kib);  // the small arena needs a chunk: one large chunk goes first
+  CHECK(reserved(a) == static_cast<std::int64_t>(4 * C));
+  CHECK(a.stats().lent_bytes == C);
+  CHECK(a.check_invariants());
+  void* q = a.allocate(3 * C);  // what is left of the large arena still serves
+  CHECK(reserved(a) == static_cast<std::int64_t>(4 * C));
+  a.deallocate(q);
+  a.deallocate(small);
+  all_released(a);
+}

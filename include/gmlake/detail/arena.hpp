@@ -123,6 +123,27 @@ class arena {
   }
   [[nodiscard]] slot& slot_of(std::uintptr_t p) noexcept { return slots_[(p - base_) / chunk_]; }
   [[nodiscard]] std::size_t max_handle() const noexcept { return max_handle_; }
+  /// Growth creates at least `bytes` where the hole allows (0: what is needed), and at
+  /// least reserved / divisor (divisor 0: no such term), capped at `cap` (rounded down
+  /// to the chunk). If the surplus cannot be created, growth creates what is needed.
+  void set_min_growth(std::size_t bytes, std::size_t divisor = 0, std::size_t cap = ~std::size_t{0}) noexcept {
+    min_growth_ = round_up(bytes, chunk_);
+    cap = round_down(cap, chunk_);
+    growth_divisor_ = divisor;
+    growth_cap_ = cap;
+  }
+  /// The fewest bytes growth creates now.
+  [[nodiscard]] std::size_t min_growth() const noexcept {
+    std::size_t g = min_growth_;
+    if (growth_divisor_ != 0)
+      g = std::max(g, round_down(static_cast<std::size_t>(stats_.reserved_bytes.current) / growth_divisor_, chunk_));
+    return std::min(g, growth_cap_);
+  }
+  /// A growth of at least `growth` bytes creates handles of up to `handle` bytes (0: off).
+  void set_big_growth(std::size_t growth, std::size_t handle) noexcept {
+    big_growth_ = growth;
+    big_handle_ = round_up(handle, chunk_);
+  }
 
   /// Start and end of the handle that holds byte p. Pre: p's chunk is mapped.
   [[nodiscard]] std::uintptr_t handle_floor(std::uintptr_t p) const noexcept {
@@ -220,8 +241,12 @@ class arena {
   /// Maps new chunks as e says. Needs 2 nodes. Returns the free range that now
   /// holds the neighbour and the new bytes.
   [[nodiscard]] result<range*> extend(const extension& e) noexcept {
-    const std::uintptr_t at = e.after ? e.hole->addr : e.hole->end() - e.bytes;
-    return populate(*e.hole, at, e.bytes, e.neighbour->segment);
+    const std::size_t bytes = std::max(e.bytes, std::min(min_growth(), e.hole->size));
+    const std::uintptr_t at = e.after ? e.hole->addr : e.hole->end() - bytes;
+    auto r = populate(*e.hole, at, bytes, e.neighbour->segment);
+    if (r || bytes == e.bytes) return r;
+    // The surplus did not fit (the backend is nearly full): create only what is needed.
+    return populate(*e.hole, e.after ? e.hole->addr : e.hole->end() - e.bytes, e.bytes, e.neighbour->segment);
   }
 
   /// Maps `bytes` of new chunks at the start of the smallest hole that holds them,
@@ -230,8 +255,11 @@ class arena {
   [[nodiscard]] result<range*> grow(std::size_t bytes, std::uint32_t segment, std::uintptr_t& fresh) noexcept {
     auto it = holes_.lower_bound(size_key{bytes}, size_key_less{});
     if (it == holes_.end()) return errc::out_of_memory;  // address space exhausted
+    const std::size_t want = std::max(bytes, std::min(min_growth(), it->size));
     fresh = it->addr;
-    return populate(*it, it->addr, bytes, segment);
+    auto r = populate(*it, it->addr, want, segment);
+    if (r || want == bytes) return r;
+    return populate(*it, it->addr, bytes, segment);  // the surplus did not fit: only what is needed
   }
 
   /// Unmaps and releases every chunk wholly inside a free range whose stream work is
@@ -245,6 +273,39 @@ class arena {
       released += release_chunks_in(r, it);
     }
     return released;
+  }
+
+  /// Unmaps and releases one unpinned whole handle of at least `bytes` inside a free
+  /// range whose stream work is known done: the smallest such handle in the `scan`
+  /// largest free ranges. Returns the bytes released (0: none).
+  std::size_t release_one_handle(std::size_t bytes, std::size_t scan) noexcept {
+    range* best = nullptr;
+    std::uintptr_t best_a = 0, best_e = 0;
+    for (auto it = free_.rbegin(); it != free_.rend() && it->size >= bytes && scan > 0; ++it, --scan) {
+      range& r = const_cast<range&>(*it);
+      if (!streams_.known_done(r.tag)) continue;
+      const auto sp = split_of(r);
+      for (std::uintptr_t a = r.addr + sp.head, hi = a + sp.whole; a < hi;) {
+        const std::uintptr_t e = handle_end(a);
+        if (e - a >= bytes && slot_of(a).stitch_refs == 0 && (best == nullptr || e - a < best_e - best_a)) {
+          best = &r;
+          best_a = a;
+          best_e = e;
+        }
+        a = e;
+      }
+    }
+    if (best == nullptr || !nodes_.reserve(2)) return 0;
+    if (backend_.unmap(best_a, best_e - best_a) != errc::ok) {
+      count(call::unmap);
+      return 0;
+    }
+    count(call::unmap);
+    (void)backend_.release(slot_of(best_a).chunk);
+    count(call::release);
+    for (std::uintptr_t c = best_a; c < best_e; c += chunk_) forget_chunk(slot_of(c));
+    (void)carve_hole(*best, best_a, best_e);
+    return best_e - best_a;
   }
 
   /// Coalesces every pair of adjacent free ranges the stream rules now allow.
@@ -404,7 +465,8 @@ class arena {
       }
     }
     // Handles of up to max_handle_ bytes each, the first ones largest.
-    const std::size_t per = max_handle_ / chunk_;
+    std::size_t per = max_handle_ / chunk_;
+    if (big_growth_ != 0 && bytes >= big_growth_) per = std::max(per, big_handle_ / chunk_);
     std::size_t created = 0, mapped = 0;  // slots covered by created / mapped handles
     errc failure = errc::ok;
     while (created < n) {
@@ -561,6 +623,10 @@ class arena {
   statistics& stats_;
   std::size_t chunk_;
   std::size_t max_handle_;
+  std::size_t min_growth_ = 0;
+  std::size_t growth_divisor_ = 0;
+  std::size_t growth_cap_ = ~std::size_t{0};
+  std::size_t big_growth_ = 0, big_handle_ = 0;
   std::uintptr_t base_ = 0;
   std::size_t size_ = 0;
   std::uint32_t segments_ = 0;
