@@ -54,8 +54,13 @@ bool throw_on_failure() noexcept {
   return on;
 }
 
+int device_count() noexcept {
+  static const int n = backend::device_count();  // asked once: this is on every allocation's path
+  return n;
+}
+
 bool valid_device(int device) noexcept {
-  if (device < 0 || device >= max_devices || device >= backend::device_count()) {
+  if (device < 0 || device >= max_devices || device >= device_count()) {
     std::snprintf(last_error, sizeof last_error, "gmlake: no CUDA device %d", device);
     return false;
   }
@@ -175,7 +180,7 @@ int gmlake_torch_get_stats(int device, gmlake_torch_stats* out) {
 
 int gmlake_torch_set_limit(int device, uint64_t bytes) {
   if (device < 0) {
-    const int n = backend::device_count();
+    const int n = device_count();
     if (n == 0) {
       set_error("gmlake: no CUDA device");
       return -1;
