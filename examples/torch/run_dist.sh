@@ -45,17 +45,7 @@ mkdir -p "$WORK/runs" "$WORK/logs"
 : > "$WORK/skipped.txt"
 exec > >(tee -a "$OUT/dist_driver.log") 2>&1
 
-# no NVLink multicast / NVLS anywhere (NCCL, symmetric memory, NVSHMEM)
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
-unset PYTORCH_CUDA_ALLOC_CONF PYTORCH_ALLOC_CONF   # train_dist.py sets them per run
-export GMLAKE_TORCH_LIB=${GMLAKE_TORCH_LIB:-$ROOT/build/examples/torch/libgmlake_torch.so}
-
-elapsed() { echo $(( SECONDS - T0 )); }
-left() { echo $(( BUDGET - RESERVE - (SECONDS - T0) )); }
-say() { echo "[$(elapsed)s] $*"; }
 
 checkpoint() {
   timeout 30 "$PY" "$HERE/summarize_dist.py" "$WORK" > /dev/null 2> "$WORK/logs/summarize.err" \
@@ -64,14 +54,10 @@ checkpoint() {
     && mv "$OUT/dist_results.tar.gz.tmp" "$OUT/dist_results.tar.gz"
 }
 
+JOB_OK_LINES='\] \[rank [0-9]+/[0-9]+\] done'
+source "$HERE/gpu_jobs.sh"
+
 say "run_dist.sh: $NPROC GPU(s), budget ${BUDGET}s, $MODEL, $STEPS steps, batch $BATCH per rank $EXTRA; out $OUT"
-say "gmlake plugin: $GMLAKE_TORCH_LIB"
-have_gmlake=1
-if [[ ! -f $GMLAKE_TORCH_LIB ]]; then
-  have_gmlake=0
-  say "gmlake plugin NOT FOUND: the gmlake runs are skipped (build it: meson setup build && ninja -C build)" \
-    | tee -a "$WORK/skipped.txt"
-fi
 nvidia-smi -L 2>&1 | head -n 8
 ngpu=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || true)
 if [[ -n $ngpu ]] && (( ngpu > 0 && ngpu < NPROC )); then
@@ -81,36 +67,15 @@ fi
 
 # dist MODE ALLOC: one torchrun job.
 dist() {
-  local mode=$1 alloc=$2 name="$1.$2" l lim rc t
+  local mode=$1 alloc=$2
   if [[ $alloc == gmlake && $have_gmlake == 0 ]]; then
-    echo "SKIP $name: no libgmlake_torch.so" >> "$WORK/skipped.txt"
+    echo "SKIP $mode.$alloc: no libgmlake_torch.so" >> "$WORK/skipped.txt"
     return 99
   fi
-  l=$(left)
-  if (( l < NEED )); then
-    say "SKIP $name: ${l}s of the budget left, it needs about ${NEED}s" | tee -a "$WORK/skipped.txt"
-    return 99
-  fi
-  lim=$RUN_TIMEOUT
-  (( lim > l )) && lim=$l
-  say "RUN  $name (timeout ${lim}s)"
-  t=$SECONDS
   # shellcheck disable=SC2086
-  timeout -k 5 "$lim" "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
+  job "$mode.$alloc" "$NEED" "$RUN_TIMEOUT" "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC" \
     "$HERE/train_dist.py" --mode "$mode" --allocator "$alloc" --model "$MODEL" --steps "$STEPS" \
-    --batch "$BATCH" --out "$WORK/runs" $EXTRA > "$WORK/logs/$name.log" 2>&1
-  rc=$?
-  echo "$name rc=$rc seconds=$(( SECONDS - t ))" >> "$WORK/runs.txt"
-  if (( rc == 0 )); then
-    say "     $name ok in $(( SECONDS - t ))s:"
-    grep -E '\] \[rank [0-9]+/[0-9]+\] done' "$WORK/logs/$name.log" | sed 's/^/       | /'
-  else
-    say "     $name FAILED (rc=$rc$( ((rc == 124 || rc == 137)) && echo ', timeout')) in $(( SECONDS - t ))s; log tail:"
-    grep -E 'FAILED during|Error|error' "$WORK/logs/$name.log" | head -n 4 | sed 's/^/       | /'
-    tail -n 4 "$WORK/logs/$name.log" | sed 's/^/       | /'
-  fi
-  checkpoint
-  return $rc
+    --batch "$BATCH" --out "$WORK/runs" $EXTRA
 }
 
 for pair in ddp.default ddp.gmlake fsdp.default fsdp.gmlake \

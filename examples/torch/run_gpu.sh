@@ -41,16 +41,6 @@ mkdir -p "$WORK/runs" "$WORK/logs" "$WORK/traces"
 : > "$WORK/skipped.txt"
 exec > >(tee -a "$OUT/driver.log") 2>&1
 
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-unset PYTORCH_CUDA_ALLOC_CONF PYTORCH_ALLOC_CONF   # train.py sets them per run
-export GMLAKE_TORCH_LIB=${GMLAKE_TORCH_LIB:-$ROOT/build/examples/torch/libgmlake_torch.so}
-
-elapsed() { echo $(( SECONDS - T0 )); }
-left() { echo $(( BUDGET - RESERVE - (SECONDS - T0) )); }
-say() { echo "[$(elapsed)s] $*"; }
-
 # Refreshes OUTDIR/summary.md and OUTDIR/results.tar.gz from the scratch folder.
 checkpoint() {
   timeout 60 "$PY" "$HERE/summarize.py" "$WORK" > /dev/null 2> "$WORK/logs/summarize.err" \
@@ -59,43 +49,13 @@ checkpoint() {
     && mv "$OUT/results.tar.gz.tmp" "$OUT/results.tar.gz"
 }
 
-# run NAME NEED_S TIMEOUT_S command...: runs the command with its log, unless
-# fewer than NEED_S seconds of the budget are left; the timeout is cut to what is left.
-run() {
-  local name=$1 need=$2 lim=$3 l rc t
-  shift 3
-  l=$(left)
-  if (( l < need )); then
-    say "SKIP $name: ${l}s of the budget left, it needs about ${need}s" | tee -a "$WORK/skipped.txt"
-    return 99
-  fi
-  (( lim > l )) && lim=$l
-  say "RUN  $name (timeout ${lim}s)"
-  t=$SECONDS
-  timeout -k 5 "$lim" "$@" > "$WORK/logs/$name.log" 2>&1
-  rc=$?
-  echo "$name rc=$rc seconds=$(( SECONDS - t ))" >> "$WORK/runs.txt"
-  if (( rc == 0 )); then
-    say "     $name ok in $(( SECONDS - t ))s: $(grep -E '^\[ *[0-9.]+s\] (done|max batch|trace)' "$WORK/logs/$name.log" | tail -n 2 | tr '\n' ' ')"
-  else
-    say "     $name FAILED (rc=$rc$( ((rc == 124 || rc == 137)) && echo ', timeout')) in $(( SECONDS - t ))s; log tail:"
-    tail -n 4 "$WORK/logs/$name.log" | sed 's/^/       | /'
-  fi
-  checkpoint
-  return $rc
-}
+JOB_OK_LINES='^\[ *[0-9.]+s\] (done|max batch|trace)'
+source "$HERE/gpu_jobs.sh"
 
 say "run_gpu.sh: budget ${BUDGET}s, out $OUT, scratch $WORK"
-say "gmlake plugin: $GMLAKE_TORCH_LIB"
-have_gmlake=1
-if [[ ! -f $GMLAKE_TORCH_LIB ]]; then
-  have_gmlake=0
-  say "gmlake plugin NOT FOUND: the gmlake runs are skipped (build it: meson setup build && ninja -C build)" \
-    | tee -a "$WORK/skipped.txt"
-fi
 nvidia-smi -L 2>&1 | head -n 4
 # preflight: versions, and it warms the file cache for the first real run
-run preflight 20 90 "$PY" -c "import torch, transformers, peft; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu', torch.cuda.is_available() and torch.cuda.get_device_name(0)); print('transformers', transformers.__version__, 'peft', peft.__version__)"
+job preflight 20 90 "$PY" -c "import torch, transformers, peft; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpu', torch.cuda.is_available() and torch.cuda.get_device_name(0)); print('transformers', transformers.__version__, 'peft', peft.__version__)"
 cat "$WORK/logs/preflight.log"
 
 ALLOCS=(default expandable cudamallocasync gmlake)
@@ -106,7 +66,7 @@ train() {  # train NAME NEED TIMEOUT allocator args...
     echo "SKIP $name: no libgmlake_torch.so" >> "$WORK/skipped.txt"
     return 99
   fi
-  run "$name" "$need" "$lim" "$PY" "$HERE/train.py" --allocator "$alloc" --out "$WORK/runs" "$@"
+  job "$name" "$need" "$lim" "$PY" "$HERE/train.py" --allocator "$alloc" --out "$WORK/runs" "$@"
 }
 
 # 1. The matrix. Batch sizes are train.py's defaults: 16 (GPT-2 medium, seq

@@ -27,16 +27,17 @@ def gb(x, nd=2):
     return "-" if x is None else f"{x / 1e9:.{nd}f}"
 
 
-def load(dirpath):
+def load(dirpath, pattern="*.json", schema=SCHEMA):
+    """Every JSON under dirpath (recursively) named like pattern with this schema."""
     runs = []
-    for p in sorted(glob.glob(os.path.join(dirpath, "**", "*.json"), recursive=True)):
+    for p in sorted(glob.glob(os.path.join(dirpath, "**", pattern), recursive=True)):
         try:
             with open(p) as f:
                 r = json.load(f)
         except Exception as e:
             print(f"summarize: skipping {p}: {e}", file=sys.stderr)
             continue
-        if isinstance(r, dict) and r.get("schema") == SCHEMA:
+        if isinstance(r, dict) and r.get("schema") == schema:
             r["_path"] = os.path.relpath(p, dirpath)
             runs.append(r)
     return runs

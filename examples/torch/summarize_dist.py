@@ -9,8 +9,6 @@ to default's; then whether gmlake reserves no more than the best peer, per mode 
 rank; then failed and skipped runs (DIR/skipped.txt). Needs no torch.
 """
 
-import glob
-import json
 import os
 import sys
 
@@ -19,24 +17,14 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 from summarize import ALLOCATORS, PEERS, failures, gb, loss_compare  # noqa: E402
+from summarize import load as load_runs  # noqa: E402
 
 SCHEMA = "gmlake-torch-dist/1"
 MODES = ["ddp", "fsdp"]
 
 
 def load(dirpath):
-    runs = []
-    for p in sorted(glob.glob(os.path.join(dirpath, "**", "dist.*.json"), recursive=True)):
-        try:
-            with open(p) as f:
-                r = json.load(f)
-        except Exception as e:
-            print(f"summarize_dist: skipping {p}: {e}", file=sys.stderr)
-            continue
-        if isinstance(r, dict) and r.get("schema") == SCHEMA:
-            r["_path"] = os.path.relpath(p, dirpath)
-            runs.append(r)
-    return runs
+    return load_runs(dirpath, "dist.*.json", SCHEMA)
 
 
 def local_view(r):

@@ -330,37 +330,48 @@ def empty_caches(allocator, torch):
         log(f"empty cache: {e}")
 
 
+def train_step(model, opt, ids_cpu, torch, mem, allocator):
+    """One forward, backward and optimizer step on ids_cpu, sampling device memory
+    after each. Returns (loss as a float, the loss tensor detached, seconds)."""
+    ooms0 = gm_ooms()
+    ids = ids_cpu.to("cuda")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = model(input_ids=ids, labels=ids)
+    loss = out.loss
+    mem.sample()
+    loss.backward()
+    mem.sample()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    mem.sample()
+    lv = float(loss.detach().float().item())  # synchronizes
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    if allocator == "gmlake" and gm_ooms() > ooms0:
+        raise RuntimeError(f"gmlake returned NULL (num_ooms {ooms0} -> {gm_ooms()}): out of memory "
+                           "(the pluggable path does not raise it)")
+    return lv, loss.detach(), dt
+
+
+def record_step(record, lv, dt, ids_cpu):
+    """Appends one step's loss, time and shape to the lists in record."""
+    record["losses"].append(lv)
+    record["losses_hex"].append(lv.hex())
+    record["step_seconds"].append(round(dt, 6))
+    record["seq_lens"].append(int(ids_cpu.shape[1]))
+    record["tokens"].append(int(ids_cpu.numel()))
+
+
 def run_steps(model, opt, batches, torch, mem, rec=None, record=None, allocator=""):
     """Trains on batches; appends per-step figures to the lists in record."""
     for i, ids_cpu in enumerate(batches):
         if rec is not None:
             rec.iteration(i)
         R["phase"] = f"step {len(record['losses'])}"
-        ooms0 = gm_ooms()
-        ids = ids_cpu.to("cuda")
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = model(input_ids=ids, labels=ids)
-        loss = out.loss
-        mem.sample()
-        loss.backward()
-        mem.sample()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        mem.sample()
-        lv = float(loss.detach().float().item())  # synchronizes
-        torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        if allocator == "gmlake" and gm_ooms() > ooms0:
-            raise RuntimeError(f"gmlake returned NULL (num_ooms {ooms0} -> {gm_ooms()}): out of memory "
-                               "(the pluggable path does not raise it)")
-        record["losses"].append(lv)
-        record["losses_hex"].append(lv.hex())
-        record["step_seconds"].append(round(dt, 6))
-        record["seq_lens"].append(int(ids_cpu.shape[1]))
-        record["tokens"].append(int(ids_cpu.numel()))
-        del out, loss, ids
+        lv, _, dt = train_step(model, opt, ids_cpu, torch, mem, allocator)
+        record_step(record, lv, dt, ids_cpu)
         log(f"step {len(record['losses']) - 1}: batch {ids_cpu.shape[0]} seq {ids_cpu.shape[1]} "
             f"loss {lv:.6f} {dt * 1000:.1f} ms, device used {(mem.peak - mem.start) / 1e9:.2f} GB peak")
 

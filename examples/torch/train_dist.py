@@ -278,35 +278,14 @@ def main(argv=None):
         batches = rank_batches(spec, args.steps, args.batch, args.seed, RANK, torch)
         for i, ids_cpu in enumerate(batches):
             R["phase"] = f"step {i}"
-            ooms0 = T.gm_ooms()
-            ids = ids_cpu.to("cuda")
-            torch.cuda.synchronize()
-            ts = time.perf_counter()
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                out = model(input_ids=ids, labels=ids)
-            loss = out.loss
-            mem.sample()
-            loss.backward()
-            mem.sample()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            mem.sample()
-            lv = float(loss.detach().float().item())
-            torch.cuda.synchronize()
-            dt = time.perf_counter() - ts
-            if args.allocator == "gmlake" and T.gm_ooms() > ooms0:
-                raise RuntimeError(f"gmlake returned NULL (num_ooms {ooms0} -> {T.gm_ooms()}): out of memory")
-            g = loss.detach().float().reshape(1).clone()
+            lv, loss, dt = T.train_step(model, opt, ids_cpu, torch, mem, args.allocator)
+            g = loss.float().reshape(1).clone()
             dist.all_reduce(g, op=dist.ReduceOp.SUM)
             gv = float((g / WORLD_SIZE).item())
-            rec["losses"].append(gv)
-            rec["losses_hex"].append(gv.hex())
+            T.record_step(rec, gv, dt, ids_cpu)  # the mean loss; the rank's own below
             rec["local_losses"].append(lv)
             rec["local_losses_hex"].append(lv.hex())
-            rec["step_seconds"].append(round(dt, 6))
-            rec["seq_lens"].append(int(ids_cpu.shape[1]))
-            rec["tokens"].append(int(ids_cpu.numel()))
-            del out, loss, ids, g
+            del loss, g
             log(f"step {i}: batch {ids_cpu.shape[0]} seq {ids_cpu.shape[1]} loss {lv:.6f} (mean {gv:.6f}) "
                 f"{dt * 1000:.1f} ms, device used {(mem.peak - mem.start) / 1e9:.2f} GB peak")
             T.save()

@@ -526,13 +526,7 @@ class basic_allocator {
     if (!activate(*b, size, requested, s, st)) {
       // New chunks merged with a neighbour another stream still uses: give up on it.
       // If it cannot be unmapped now, cache it (as if freed): release_cached() retries.
-      if (!unmap_stitch(*b, false)) {
-        b->last_use = ++clock_;
-        b->cached = true;
-        cache_.insert(*b);
-        lru_.push_back(*b);
-        cached_bytes_ += b->mapped;
-      }
+      if (!unmap_stitch(*b, false)) cache(*b);
       return nullptr;
     }
     return reinterpret_cast<void*>(b->pointer);
@@ -576,13 +570,18 @@ class basic_allocator {
     b.claimed_count = 0;
     b.in_use = false;
     b.tag = tag;
+    cache(b);
+    evict_over_capacity();
+    debug_check();
+  }
+
+  /// Puts an inactive stitched block into the sPool (by capacity) and at the LRU's end.
+  void cache(stitch_block& b) noexcept {
     b.last_use = ++clock_;
     b.cached = true;
     cache_.insert(b);
     lru_.push_back(b);
     cached_bytes_ += b.mapped;
-    evict_over_capacity();
-    debug_check();
   }
 
   void invalid_free(const char* what, std::uintptr_t p) noexcept {
