@@ -192,6 +192,9 @@ struct outcome {
   std::array<std::uint64_t, gmlake::fit_state_count> fit{};
   gmlake::memory_breakdown at_peak{};  ///< where the bytes were when the peak reserved was reached
   std::uint64_t live_at_peak = 0;      ///< live (512 B rounded) then
+  std::size_t peak_live_event = 0;     ///< the event after which live was at its peak
+  gmlake::memory_breakdown at_live{};  ///< where the bytes were then (knobs::snap_event)
+  std::size_t reserved_at_live = 0;    ///< reserved bytes then
   std::size_t chunk = 0;
   std::array<double, gmlake::call_count> us_after_4{};
   std::array<std::uint64_t, gmlake::call_count> calls_after_4_of{};
@@ -204,6 +207,7 @@ struct knobs {
   std::string timeline_dir;  ///< write TRACE.CONFIG.csv (event, live, reserved) here
   std::size_t pieces = 0;    ///< 0: the policy's default cap on pieces per stitch
   bool log_driver = false;   ///< print every operation after i 4 that cost driver time (stderr)
+  std::size_t snap_event = SIZE_MAX;  ///< take outcome::at_live after this event
 };
 
 template <class Allocator>
@@ -256,7 +260,10 @@ outcome replay(const trace& t, const char* name, const knobs& k, Allocator& a) {
         streams[e.id] = e.stream;
         sizes[e.id] = gmlake::round_up(e.bytes == 0 ? 1 : e.bytes, 512);
         live += sizes[e.id];
-        if (live > o.peak_live) o.peak_live = live;
+        if (live > o.peak_live) {
+          o.peak_live = live;
+          o.peak_live_event = i;
+        }
         if (a.backend().created_bytes() > peak_created) {  // a new peak reserved: see where the bytes are
           const auto b0 = std::chrono::steady_clock::now();
           peak_created = a.backend().created_bytes();
@@ -281,6 +288,12 @@ outcome replay(const trace& t, const char* name, const knobs& k, Allocator& a) {
           at4 = a.backend().counts();
         }
         break;
+    }
+    if (i == k.snap_event) {
+      const auto b0 = std::chrono::steady_clock::now();
+      o.at_live = a.breakdown();
+      o.reserved_at_live = a.backend().created_bytes();
+      aside += std::chrono::steady_clock::now() - b0;
     }
     if (timeline && i % sample == 0)
       std::fprintf(timeline, "%zu,%llu,%zu\n", i, (unsigned long long)live, a.backend().created_bytes());
@@ -327,7 +340,8 @@ outcome run(const trace& t, const char* name, const knobs& k, const cost_model& 
 
 /// Every configuration the tool knows: the named ones of configs.hpp first.
 const std::vector<std::string>& config_names() {
-  static const std::vector<std::string> names = {"gmlake", "bfc", "expandable", "gmlake-paper", "largest-first"};
+  static const std::vector<std::string> names = {"gmlake", "bfc", "expandable", "gmlake-paper", "largest-first",
+                                                 "gmlake-edges"};
   return names;
 }
 
@@ -338,6 +352,13 @@ outcome run_config(const trace& t, const std::string& config, const knobs& k, co
     policy::best_fit_pieces p;
     if (k.pieces) p.pieces = k.pieces;
     return run<gmlake_allocator<backend>>(t, "gmlake", k, cost, p);
+  }
+  if (config == "gmlake-edges") {  // gmlake with options::stitch_edge_min (8 MiB unless given)
+    knobs e = k;
+    if (e.opt.stitch_edge_min == 0) e.opt.stitch_edge_min = std::size_t{8} << 20;
+    policy::best_fit_pieces p;
+    if (k.pieces) p.pieces = k.pieces;
+    return run<gmlake_allocator<backend>>(t, "gmlake-edges", e, cost, p);
   }
   if (config == "bfc") return run<bfc_allocator<backend>>(t, "bfc", k, cost);
   if (config == "expandable") return run<expandable_allocator<backend>>(t, "expandable", k, cost);
@@ -381,12 +402,13 @@ int main(int argc, char** argv) {
     else if (a == "--log-driver") k.log_driver = true;
     else if (a == "--big-growth-mib" && i + 1 < argc) k.opt.big_growth = num(std::size_t{1} << 20);
     else if (a == "--big-handle-mib" && i + 1 < argc) k.opt.big_handle = num(std::size_t{1} << 20);
+    else if (a == "--stitch-edges-mib" && i + 1 < argc) k.opt.stitch_edge_min = num(std::size_t{1} << 20);
     else if (a == "--growth-divisor" && i + 1 < argc) k.opt.growth_divisor = num(1);
     else if (a == "--min-growth-mib" && i + 1 < argc) k.opt.min_growth = num(std::size_t{1} << 20);
     else if (a == "-h" || a == "--help") {
       std::printf("usage: gmlake-replay [--json] [--breakdown] [--config NAME]... [--cost-model FILE]\n"
                   "                     [--timeline DIR] [--chunk-mib N] [--small-max-kib N] [--cached-scan N]\n"
-                  "                     [--pieces N] [--max-handle-mib N] [--min-growth-mib N]\n                     [--growth-divisor N]\n                     [--big-growth-mib N] [--big-handle-mib N] [--no-lend]\n                     [--lend-to-small] [--log-driver]\n"
+                  "                     [--pieces N] [--max-handle-mib N] [--min-growth-mib N]\n                     [--growth-divisor N]\n                     [--big-growth-mib N] [--big-handle-mib N] [--no-lend]\n                     [--lend-to-small] [--stitch-edges-mib N] [--log-driver]\n"
                   "                     TRACE.trace.gz...\nconfigurations:");
       for (const auto& n : config_names()) std::printf(" %s", n.c_str());
       std::puts("\n(default: gmlake bfc expandable gmlake-paper). Progress goes to stderr when it is a terminal.");
@@ -418,6 +440,13 @@ int main(int argc, char** argv) {
     std::vector<outcome> out;
     for (const auto& c : configs) {
       outcome o = run_config(t, c, k, cost);
+      if (breakdown && !json && o.failed != ~0ull) {  // again, to see where the bytes are at the peak live
+        knobs again = k;
+        again.snap_event = o.peak_live_event;
+        const outcome o2 = run_config(t, c, again, cost);
+        o.at_live = o2.at_live;
+        o.reserved_at_live = o2.reserved_at_live;
+      }
       if (o.failed == ~0ull) {
         std::fprintf(stderr, "gmlake-replay: unknown configuration %s\n", c.c_str());
         return 2;
@@ -461,6 +490,14 @@ int main(int argc, char** argv) {
                       (b.active - static_cast<double>(o.live_at_peak)) / mb, b.small_free / mb, b.small_reserved / mb,
                       b.large_free_whole / mb, b.large_free_partial / mb, b.cached_stitches,
                       b.cached_stitch_bytes / mb);
+          const auto& l = o.at_live;
+          std::printf("    at peak live: reserved %.0f MB (%.0f MB over live); inside blocks %.0f MB; small arena "
+                      "free %.0f of %.0f MB; large free %.0f MB whole chunks + %.0f MB partial chunks; pending on "
+                      "other streams %.0f MB; cached stitches %zu (%.0f MB VA)\n",
+                      o.reserved_at_live / mb, (o.reserved_at_live - static_cast<double>(o.peak_live)) / mb,
+                      (l.active - static_cast<double>(o.peak_live)) / mb, l.small_free / mb, l.small_reserved / mb,
+                      l.large_free_whole / mb, l.large_free_partial / mb, l.free_pending / mb, l.cached_stitches,
+                      l.cached_stitch_bytes / mb);
           std::printf("    after i 4 (calls, us):");
           for (std::size_t c = 0; c < gmlake::call_count; ++c)
             std::printf(" %s %llu %.0f;", gmlake::call_names[c], (unsigned long long)o.calls_after_4_of[c],

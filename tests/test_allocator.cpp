@@ -716,3 +716,60 @@ TEST_CASE("lend_to_small_at_peak: a free large-arena handle is released before t
   a.deallocate(small);
   all_released(a);
 }
+
+TEST_CASE("stitch edges: free bytes at handle boundaries open and close a stitch with new chunks") {
+  // Handles of 4 chunks: H1 = [P 1.5C used | 2.5C free], H2 used, H3 = [1.5C free | T 2.5C used].
+  // No free range holds a whole handle, so a stitch has no middle pieces; an 8C
+  // request takes H1's free end, 4C of new chunks, then H3's free start.
+  for (const bool edges : {false, true}) {
+    CAPTURE(edges);
+    gmlake::options o = opts();
+    o.max_handle = 4 * C;
+    o.stitch_edge_min = edges ? 512 : 0;
+    gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), o);
+    void* h1 = a.allocate(4 * C);
+    void* mid = a.allocate(4 * C);
+    void* h3 = a.allocate(4 * C);
+    a.deallocate(h1);
+    auto* p = static_cast<unsigned char*>(a.allocate(C + C / 2));
+    void* q = a.allocate(2 * C + C / 2);
+    CHECK(p == h1);
+    a.deallocate(h3);
+    auto* r = static_cast<unsigned char*>(a.allocate(C + C / 2));
+    auto* t = static_cast<unsigned char*>(a.allocate(2 * C + C / 2));
+    CHECK(r == h3);
+    a.deallocate(q);
+    a.deallocate(r);
+    fill(p, C + C / 2, 1);
+    fill(t, 2 * C + C / 2, 2);
+    fill(mid, 4 * C, 3);
+    const auto s0 = a.stats();
+    void* y = a.allocate(8 * C);
+    const auto s1 = a.stats();
+    if (edges) {
+      CHECK(s1.reserved_bytes.current - s0.reserved_bytes.current == static_cast<std::int64_t>(4 * C));
+      CHECK(fit(s1, fit_state::s4_shortfall) == fit(s0, fit_state::s4_shortfall) + 1);
+      CHECK(s1.stitched_blocks.current == 1);
+      fill(y, 8 * C, 7);
+      CHECK(holds(y, 8 * C, 7));
+      CHECK(holds(p + C + C / 2, 2 * C + C / 2, 7));                   // the opening edge: H1's free end
+      CHECK(holds(r, C + C / 2, 7, (2 * C + C / 2 + 4 * C) / 64));     // the closing edge: H3's free start
+    } else {
+      CHECK(s1.reserved_bytes.current - s0.reserved_bytes.current == static_cast<std::int64_t>(8 * C));
+      fill(y, 8 * C, 7);
+      CHECK(holds(y, 8 * C, 7));
+  }
+  CHECK(holds(p, C + C / 2, 1));  // the neighbours keep their bytes
+  CHECK(holds(t, 2 * C + C / 2, 2));
+  CHECK(holds(mid, 4 * C, 3));
+  CHECK(a.check_invariants());
+  a.deallocate(y);
+  if (edges) {  // freed, the edges are free again and serve on their own
+    void* q2 = a.allocate(2 * C + C / 2);
+    CHECK(q2 == p + C + C / 2);
+    a.deallocate(q2);
+  }
+  for (void* x : {static_cast<void*>(p), static_cast<void*>(t), mid}) a.deallocate(x);
+  all_released(a);
+  }
+}
