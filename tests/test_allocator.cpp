@@ -744,32 +744,113 @@ TEST_CASE("stitch edges: free bytes at handle boundaries open and close a stitch
     fill(t, 2 * C + C / 2, 2);
     fill(mid, 4 * C, 3);
     const auto s0 = a.stats();
-    void* y = a.allocate(8 * C);
+    auto* y = static_cast<unsigned char*>(a.allocate(8 * C));
     const auto s1 = a.stats();
+    fill(y, 8 * C, 7);
     if (edges) {
       CHECK(s1.reserved_bytes.current - s0.reserved_bytes.current == static_cast<std::int64_t>(4 * C));
       CHECK(fit(s1, fit_state::s4_shortfall) == fit(s0, fit_state::s4_shortfall) + 1);
       CHECK(s1.stitched_blocks.current == 1);
-      fill(y, 8 * C, 7);
-      CHECK(holds(y, 8 * C, 7));
-      CHECK(holds(p + C + C / 2, 2 * C + C / 2, 7));                   // the opening edge: H1's free end
-      CHECK(holds(r, C + C / 2, 7, (2 * C + C / 2 + 4 * C) / 64));     // the closing edge: H3's free start
+      // What is written through the block is in the edges, at their offsets in it.
+      CHECK(holds(p + C + C / 2, 2 * C + C / 2, 7));                // opening edge: H1's free end
+      CHECK(holds(r, C + C / 2, 7, (2 * C + C / 2 + 4 * C) / 64));  // closing edge: H3's free start
+      // ... and what is written in the edges is in the block.
+      fill(r, C + C / 2, 8);
+      CHECK(holds(y + 2 * C + C / 2 + 4 * C, C + C / 2, 8));
     } else {
       CHECK(s1.reserved_bytes.current - s0.reserved_bytes.current == static_cast<std::int64_t>(8 * C));
-      fill(y, 8 * C, 7);
-      CHECK(holds(y, 8 * C, 7));
+      CHECK(s1.stitched_blocks.current == 0);
+    }
+    CHECK(holds(p, C + C / 2, 1));  // the neighbours keep their bytes
+    CHECK(holds(t, 2 * C + C / 2, 2));
+    CHECK(holds(mid, 4 * C, 3));
+    CHECK(a.check_invariants());
+    a.deallocate(y);
+    if (edges) {  // freed, the edges are free again and serve on their own
+      void* q2 = a.allocate(2 * C + C / 2);
+      CHECK(q2 == p + C + C / 2);
+      a.deallocate(q2);
+    }
+    for (void* x : {static_cast<void*>(p), static_cast<void*>(t), mid}) a.deallocate(x);
+    all_released(a);
   }
-  CHECK(holds(p, C + C / 2, 1));  // the neighbours keep their bytes
-  CHECK(holds(t, 2 * C + C / 2, 2));
-  CHECK(holds(mid, 4 * C, 3));
-  CHECK(a.check_invariants());
-  a.deallocate(y);
-  if (edges) {  // freed, the edges are free again and serve on their own
-    void* q2 = a.allocate(2 * C + C / 2);
-    CHECK(q2 == p + C + C / 2);
-    a.deallocate(q2);
+}
+
+TEST_CASE("stitch edges: a closing edge instead of the last piece's tail; after new chunks with a surplus") {
+  gmlake::options o = opts();
+  o.max_handle = 4 * C;
+  o.stitch_edge_min = 512;
+  o.min_growth = 4 * C;  // growth creates at least one 4C handle (capacity / 1024 allows it)
+  o.growth_divisor = 0;
+  gmlake::gmlake_allocator<host_memfd> a(host_memfd(256 * mib, C), o);
+  SUBCASE("S3: the closing edge gives more than the tail, no new chunks") {
+    // H1 free and 0.5C of H2 after it, H2's rest used; H3 = [2C free | 2C used].
+    void* h1 = a.allocate(4 * C);
+    void* h2 = a.allocate(4 * C);
+    void* h3 = a.allocate(4 * C);
+    a.deallocate(h2);
+    void* b1 = a.allocate(C / 2);
+    void* b2 = a.allocate(3 * C + C / 2);
+    a.deallocate(h3);
+    auto* c1 = static_cast<unsigned char*>(a.allocate(2 * C));
+    void* c2 = a.allocate(2 * C);
+    CHECK((b1 == h2 && c1 == h3));
+    a.deallocate(b1);
+    a.deallocate(c1);
+    a.deallocate(h1);  // [H1 | 0.5C of H2] free: one whole handle and a 0.5C tail
+    fill(b2, 3 * C + C / 2, 1);
+    fill(c2, 2 * C, 2);
+    const auto s0 = a.stats();
+    auto* y = static_cast<unsigned char*>(a.allocate(6 * C));
+    const auto s1 = a.stats();
+    CHECK(s1.reserved_bytes.current == s0.reserved_bytes.current);
+    CHECK(fit(s1, fit_state::s3_stitch) == fit(s0, fit_state::s3_stitch) + 1);
+    fill(y, 6 * C, 7);
+    CHECK(holds(h1, 4 * C, 7));
+    CHECK(holds(c1, 2 * C, 7, 4 * C / 64));
+    CHECK(holds(b2, 3 * C + C / 2, 1));
+    CHECK(holds(c2, 2 * C, 2));
+    CHECK(a.check_invariants());
+    for (void* x : {static_cast<void*>(y), b2, c2}) a.deallocate(x);
   }
-  for (void* x : {static_cast<void*>(p), static_cast<void*>(t), mid}) a.deallocate(x);
+  for (const std::size_t request : {6 * C, 7 * C}) {
+    SUBCASE(request == 6 * C ? "S4: the new handle's surplus replaces the closing edge"
+                             : "S4: the new handle's surplus shortens the closing edge") {
+      // As in the test above: opening edge 2.5C, closing edge 1.5C. 6C needs 2C new
+      // (3.5C less the edge), 7C needs 3C; growth creates a 4C handle either way.
+      void* h1 = a.allocate(4 * C);
+      void* mid = a.allocate(4 * C);
+      void* h3 = a.allocate(4 * C);
+      a.deallocate(h1);
+      auto* p = static_cast<unsigned char*>(a.allocate(C + C / 2));
+      void* q = a.allocate(2 * C + C / 2);
+      a.deallocate(h3);
+      auto* r = static_cast<unsigned char*>(a.allocate(C + C / 2));
+      void* t = a.allocate(2 * C + C / 2);
+      a.deallocate(q);
+      a.deallocate(r);
+      fill(p, C + C / 2, 1);
+      fill(t, 2 * C + C / 2, 2);
+      fill(r, C + C / 2, 3);
+      const auto s0 = a.stats();
+      auto* y = static_cast<unsigned char*>(a.allocate(request));
+      const auto s1 = a.stats();
+      CHECK(s1.reserved_bytes.current - s0.reserved_bytes.current == static_cast<std::int64_t>(4 * C));
+      CHECK(fit(s1, fit_state::s4_shortfall) == fit(s0, fit_state::s4_shortfall) + 1);
+      fill(y, request, 7);
+      CHECK(holds(y, request, 7));
+      CHECK(holds(p + C + C / 2, 2 * C + C / 2, 7));  // the opening edge
+      if (request == 6 * C) {
+        CHECK(holds(r, C + C / 2, 3));  // not used: the surplus served instead
+      } else {
+        CHECK(holds(r, C / 2, 7, (2 * C + C / 2 + 4 * C) / 64));  // its first 0.5C only
+        CHECK(holds(r + C / 2, C, 3, C / 2 / 64));
+      }
+      CHECK(holds(p, C + C / 2, 1));
+      CHECK(holds(t, 2 * C + C / 2, 2));
+      CHECK(a.check_invariants());
+      for (void* x : {static_cast<void*>(y), static_cast<void*>(p), t, mid}) a.deallocate(x);
+    }
+  }
   all_released(a);
-  }
 }

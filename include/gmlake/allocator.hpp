@@ -496,7 +496,11 @@ class basic_allocator {
       }
     };
     lay_out(false);
-    if (got < size && opening.bytes > (k ? c[0].head : 0)) lay_out(true);
+    if (got < size && opening.bytes > (k ? c[0].head : 0)) {
+      const std::size_t short_by = round_up(size - got, chunk_);
+      lay_out(true);
+      if (got < size && round_up(size - got, chunk_) >= short_by) lay_out(false);  // it saves no chunk
+    }
     if (got < size && tail_taken && closing.bytes > c[k - 1].tail) {  // the closing edge instead of the tail
       pieces_[m - 1].size -= c[k - 1].tail;
       got -= c[k - 1].tail;
