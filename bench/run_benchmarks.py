@@ -105,7 +105,7 @@ def main():
              "in `../shared/traces` (real PyTorch jobs on an H200), `bench/traces` (our own captures of real",
              "jobs, `examples/torch/capture_trace.py`) and `bench/traces/synthetic` (`bench/synth_traces.py`). Simulated backend; modelled driver time from the per-handle",
              "H200 cost model `bench/h200-vmm-cost-model.txt`; `ns/op` is this machine's CPU time per",
-             "allocate or free, best of two runs (noisy on 2 cores; tiny traces the most). Fragmentation = 1 - peak live / peak reserved.", "",
+             "allocate or free, best of two runs, each after an untimed warm-up replay (noisy on 2 cores; tiny traces the most). Fragmentation = 1 - peak live / peak reserved.", "",
              "The bar (issue): fragmentation at most 2% and no higher than the best peer; modelled driver",
              "time after the `i 4` marker at most 2 ms per iteration; gmlake's ns/op within 1.5x of bfc's",
              "in the same run; no chunk created after `i 4` on opt1.3b-ckpt.", "",
