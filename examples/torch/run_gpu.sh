@@ -21,7 +21,8 @@
 # refreshed after every run, so a hard kill still leaves what was done.
 #
 # Environment: GMLAKE_TORCH_LIB (default build/examples/torch/libgmlake_torch.so;
-# when missing, the gmlake runs are skipped), PYTHON (default python3), STEPS.
+# when missing, the gmlake runs are skipped), PYTHON (default python3), STEPS,
+# ROUNDS and ROUNDS_MODEL (throughput rounds, step 1b), CAP and BATCHES (step 3).
 set -u
 
 OUT=${1:?usage: run_gpu.sh OUTDIR [budget seconds, default 540]}
@@ -75,6 +76,19 @@ train() {  # train NAME NEED TIMEOUT allocator args...
 for model in gpt2-dynseq opt1.3b-ckpt llama1b-lora-ckpt; do
   for a in "${ALLOCS[@]}"; do
     train "$model.$a" 35 150 "$a" --model "$model" --steps "$STEPS"
+  done
+done
+
+# 1b. Throughput rounds (ROUNDS, default 0: off): ROUNDS_MODEL (default gpt2-dynseq)
+#    again under every allocator, ROUNDS times, the order rotated each round, so that
+#    the % of default is a median over rounds rather than one run against one run
+#    (one run's tokens/s moved by up to 6% between sessions on the H200).
+ROUNDS=${ROUNDS:-0}
+ROUNDS_MODEL=${ROUNDS_MODEL:-gpt2-dynseq}
+for ((r = 1; r <= ROUNDS; r++)); do
+  for ((i = 0; i < ${#ALLOCS[@]}; i++)); do
+    a=${ALLOCS[$(((i + r) % ${#ALLOCS[@]}))]}
+    train "$ROUNDS_MODEL.$a.round$r" 35 150 "$a" --model "$ROUNDS_MODEL" --steps "$STEPS" --tag "round$r"
   done
 done
 

@@ -65,7 +65,7 @@ def loss_compare(r, ref):
 
 
 def model_tables(runs, lines):
-    train = [r for r in runs if r.get("kind") == "train"]
+    train = [r for r in runs if r.get("kind") == "train" and not r.get("tag")]
     models = sorted({r["model"] for r in train}, key=order_key)
     verdicts = []
     for m in models:
@@ -123,6 +123,57 @@ def model_tables(runs, lines):
         lines.append("### gmlake against the best peer (peak reserved)")
         lines.append("")
         lines.extend(verdicts)
+        lines.append("")
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return None if n == 0 else (xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2)
+
+
+def rounds_table(runs, lines):
+    """Throughput rounds (run_gpu.sh ROUNDS): each allocator's tokens/s as a % of the
+    default's in the same round, and the median over rounds."""
+    rr = [r for r in runs if r.get("kind") == "train" and str(r.get("tag") or "").startswith("round")]
+    if not rr:
+        return
+    lines.append("## Throughput rounds")
+    lines.append("")
+    lines.append("Each round runs every allocator once (order rotated per round); % of default is "
+                 "against the default's run of the same round; the verdict uses the median over rounds.")
+    lines.append("")
+    for m in sorted({r["model"] for r in rr}, key=order_key):
+        rounds = sorted({r["tag"] for r in rr if r["model"] == m}, key=lambda t: (len(t), t))
+        by = {(r["tag"], r["allocator"]): r for r in rr if r["model"] == m and r.get("ok")}
+        lines.append(f"### {m}: {len(rounds)} rounds")
+        lines.append("")
+        lines.append("| allocator | " + " | ".join(rounds) + " | median % of default | min | max |")
+        lines.append("|---|" + "---|" * (len(rounds) + 3))
+        for a in ALLOCATORS:
+            cells, pcts = [], []
+            for t in rounds:
+                r, ref = by.get((t, a)), by.get((t, "default"))
+                tps = r.get("tokens_per_s") if r else None
+                ref_tps = ref.get("tokens_per_s") if ref else None
+                if tps and ref_tps:
+                    pcts.append(100.0 * tps / ref_tps)
+                    cells.append(f"{tps:,.0f} ({pcts[-1]:.1f}%)")
+                else:
+                    cells.append(f"{tps:,.0f}" if tps else "-")
+            med = median(pcts)
+            lines.append(f"| {a} | " + " | ".join(cells) + " | "
+                         + ("-" if med is None else f"{med:.1f}%") + " | "
+                         + (f"{min(pcts):.1f}% | {max(pcts):.1f}% |" if pcts else "- | - |"))
+        g = [100.0 * by[(t, "gmlake")]["tokens_per_s"] / by[(t, "default")]["tokens_per_s"]
+             for t in rounds if (t, "gmlake") in by and (t, "default") in by
+             and by[(t, "gmlake")].get("tokens_per_s") and by[(t, "default")].get("tokens_per_s")]
+        lines.append("")
+        if g:
+            lines.append(f"- {m}: gmlake median {median(g):.2f}% of default over {len(g)} rounds: "
+                         f"{'at or above' if median(g) >= 97.0 else 'BELOW'} the 97% bar")
+        else:
+            lines.append(f"- {m}: no round with both gmlake and default, no verdict")
         lines.append("")
 
 
@@ -243,6 +294,7 @@ def summarize(dirpath):
     lines.append("## Training runs")
     lines.append("")
     model_tables(runs, lines)
+    rounds_table(runs, lines)
     oom_table(runs, lines)
     trace_table(runs, dirpath, lines)
     failures(runs, dirpath, lines)

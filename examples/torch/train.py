@@ -415,7 +415,7 @@ def main(argv=None):
     OUT_PATH = os.path.join(args.out, f"{args.model}.{args.allocator}{suffix}.json")
     set_alloc_env(args.allocator)
     R.update({
-        "schema": SCHEMA, "kind": kind, "model": args.model, "allocator": args.allocator,
+        "schema": SCHEMA, "kind": kind, "model": args.model, "allocator": args.allocator, "tag": args.tag,
         "ok": False, "error": None, "phase": "start", "argv": [sys.executable] + sys.argv,
         "alloc_conf": ALLOC_CONF[args.allocator] or None,
         "env": {k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",

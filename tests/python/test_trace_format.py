@@ -131,6 +131,30 @@ def test_limit_plan():
             raise AssertionError(f"accepted {bad!r}")
 
 
+def test_summarize_rounds():
+    import json
+    import summarize as sm
+    tps = {"default": [100.0, 104.0, 96.0], "gmlake": [98.0, 100.0, 94.0], "expandable": [97.0, 99.0, 95.0]}
+    with tempfile.TemporaryDirectory() as d:
+        def put(name, **r):
+            r.update(schema=sm.SCHEMA, kind="train", model="gpt2-dynseq", ok=True, losses=[1.0], losses_hex=["1"])
+            with open(os.path.join(d, name + ".json"), "w") as f:
+                json.dump(r, f)
+        put("gpt2-dynseq.default", allocator="default", tag="", tokens_per_s=200.0)
+        put("gpt2-dynseq.gmlake", allocator="gmlake", tag="", tokens_per_s=190.0)
+        for a, xs in tps.items():
+            for i, x in enumerate(xs, 1):
+                put(f"gpt2-dynseq.{a}.round{i}", allocator=a, tag=f"round{i}", tokens_per_s=x)
+        text = sm.summarize(d)
+    # The main table holds the untagged runs only: 190 of 200.
+    assert "| gmlake | yes |" in text and "| 190 | 95.0% |" in text, text
+    assert "## Throughput rounds" in text and "3 rounds" in text
+    # gmlake per round: 98.0%, 96.2%, 97.9%: median 97.9%.
+    assert "| 98 (98.0%) | 100 (96.2%) | 94 (97.9%) | 97.9% | 96.2% | 98.0% |" in text, text
+    assert "gmlake median 97.92% of default over 3 rounds: at or above the 97% bar" in text, text
+    assert "| cudamallocasync | - | - | - | - | - | - |" in text
+
+
 def main():
     tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
     passed = failed = 0
