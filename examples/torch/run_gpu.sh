@@ -22,7 +22,9 @@
 #
 # Environment: GMLAKE_TORCH_LIB (default build/examples/torch/libgmlake_torch.so;
 # when missing, the gmlake runs are skipped), PYTHON (default python3), STEPS,
-# ROUNDS and ROUNDS_MODEL (throughput rounds, step 1b), CAP and BATCHES (step 3).
+# MODELS (step 1; empty: none), ROUNDS and ROUNDS_MODEL (throughput rounds, step 1b),
+# CAPTURES (step 2; 0: none), CAP, BATCHES and CAP_ALLOCS (step 3; empty: none).
+# Throughput only: MODELS= CAPTURES=0 CAP_ALLOCS= ROUNDS=3 run_gpu.sh OUT 540.
 set -u
 
 OUT=${1:?usage: run_gpu.sh OUTDIR [budget seconds, default 540]}
@@ -73,7 +75,7 @@ train() {  # train NAME NEED TIMEOUT allocator args...
 # 1. The matrix. Batch sizes are train.py's defaults: 16 (GPT-2 medium, seq
 #    64..1024 per step), 8 (OPT-1.3B ckpt, seq 1024), 8 (TinyLlama LoRA ckpt,
 #    seq 128..2048). A run takes about 20-40 s, mostly imports and model build.
-for model in gpt2-dynseq opt1.3b-ckpt llama1b-lora-ckpt; do
+for model in ${MODELS-gpt2-dynseq opt1.3b-ckpt llama1b-lora-ckpt}; do
   for a in "${ALLOCS[@]}"; do
     train "$model.$a" 35 150 "$a" --model "$model" --steps "$STEPS"
   done
@@ -96,6 +98,7 @@ done
 #    GPT-2 small with sequence length random per step, and a small Llama with LoRA
 #    and checkpointing; 6 iterations each, a few hundred KB. Before the cap experiment
 #    because they are cheap (~15 s each) and the cap experiment is the longest part.
+if [[ ${CAPTURES:-1} == 1 ]]; then
 train gpt2s-dynseq.capture 30 90 default --model gpt2s-dynseq --steps 6 --batch 8 \
   --capture "$WORK/traces/gpt2s-dynseq.trace.gz"
 train llama-small-lora-ckpt.capture 30 90 default --model llama-small-lora-ckpt --steps 6 --batch 4 \
@@ -103,6 +106,7 @@ train llama-small-lora-ckpt.capture 30 90 default --model llama-small-lora-ckpt 
 for t in "$WORK"/traces/*.trace.gz; do
   [[ -f $t ]] && "$PY" "$HERE/capture_trace.py" --validate "$t"
 done
+fi
 
 # 3. The cap experiment. OPT-1.3B ckpt at seq 1024 needs about 21 GB of static
 #    state (fp32 weights, grads, AdamW moments) plus, from the shared baselines,
@@ -117,7 +121,7 @@ done
 #    use, not against its pool's reserve; summary.md shows the device view too.
 CAP=${CAP:-34359738368}
 BATCHES=${BATCHES:-4,8,12,16,20,24,28,32,40,48,56,64}
-for a in default gmlake expandable cudamallocasync; do
+for a in ${CAP_ALLOCS-default gmlake expandable cudamallocasync}; do
   train "opt1.3b-ckpt.$a.maxbatch" 50 150 "$a" --model opt1.3b-ckpt --steps 2 --limit "$CAP" \
     --find-max-batch "$BATCHES"
 done
