@@ -717,32 +717,54 @@ TEST_CASE("lend_to_small_at_peak: a free large-arena handle is released before t
   all_released(a);
 }
 
+namespace {
+
+/// Three handles of 4 chunks (max_handle 4C): H1 = [p 1.5C used | 2.5C free],
+/// `mid` used, H3 = [1.5C free at r | t 2.5C used]. No free range holds a whole
+/// handle; H1's free end can open a stitch, H3's free start can close one.
+template <class A>
+struct edge_layout {
+  unsigned char* p;
+  void* mid;
+  unsigned char* r;
+  unsigned char* t;
+  explicit edge_layout(A& a) {
+    void* h1 = a.allocate(4 * C);
+    mid = a.allocate(4 * C);
+    void* h3 = a.allocate(4 * C);
+    a.deallocate(h1);
+    p = static_cast<unsigned char*>(a.allocate(C + C / 2));
+    void* q = a.allocate(2 * C + C / 2);
+    a.deallocate(h3);
+    r = static_cast<unsigned char*>(a.allocate(C + C / 2));
+    t = static_cast<unsigned char*>(a.allocate(2 * C + C / 2));
+    CHECK((p == h1 && r == h3));
+    a.deallocate(q);
+    a.deallocate(r);
+    fill(p, C + C / 2, 1);
+    fill(t, 2 * C + C / 2, 2);
+    fill(mid, 4 * C, 3);
+  }
+  [[nodiscard]] unsigned char* opening() const { return p + C + C / 2; }  // 2.5C free
+  [[nodiscard]] bool neighbours_intact() const {
+    return holds(p, C + C / 2, 1) && holds(t, 2 * C + C / 2, 2) && holds(mid, 4 * C, 3);
+  }
+  void free_all(A& a) {
+    for (void* x : {static_cast<void*>(p), static_cast<void*>(t), mid}) a.deallocate(x);
+  }
+};
+
+} // namespace
+
 TEST_CASE("stitch edges: free bytes at handle boundaries open and close a stitch with new chunks") {
-  // Handles of 4 chunks: H1 = [P 1.5C used | 2.5C free], H2 used, H3 = [1.5C free | T 2.5C used].
-  // No free range holds a whole handle, so a stitch has no middle pieces; an 8C
-  // request takes H1's free end, 4C of new chunks, then H3's free start.
+  // An 8C request takes H1's free end, 4C of new chunks, then H3's free start.
   for (const bool edges : {false, true}) {
     CAPTURE(edges);
     gmlake::options o = opts();
     o.max_handle = 4 * C;
     o.stitch_edge_min = edges ? 512 : 0;
     gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), o);
-    void* h1 = a.allocate(4 * C);
-    void* mid = a.allocate(4 * C);
-    void* h3 = a.allocate(4 * C);
-    a.deallocate(h1);
-    auto* p = static_cast<unsigned char*>(a.allocate(C + C / 2));
-    void* q = a.allocate(2 * C + C / 2);
-    CHECK(p == h1);
-    a.deallocate(h3);
-    auto* r = static_cast<unsigned char*>(a.allocate(C + C / 2));
-    auto* t = static_cast<unsigned char*>(a.allocate(2 * C + C / 2));
-    CHECK(r == h3);
-    a.deallocate(q);
-    a.deallocate(r);
-    fill(p, C + C / 2, 1);
-    fill(t, 2 * C + C / 2, 2);
-    fill(mid, 4 * C, 3);
+    edge_layout<decltype(a)> l(a);
     const auto s0 = a.stats();
     auto* y = static_cast<unsigned char*>(a.allocate(8 * C));
     const auto s1 = a.stats();
@@ -752,26 +774,24 @@ TEST_CASE("stitch edges: free bytes at handle boundaries open and close a stitch
       CHECK(fit(s1, fit_state::s4_shortfall) == fit(s0, fit_state::s4_shortfall) + 1);
       CHECK(s1.stitched_blocks.current == 1);
       // What is written through the block is in the edges, at their offsets in it.
-      CHECK(holds(p + C + C / 2, 2 * C + C / 2, 7));                // opening edge: H1's free end
-      CHECK(holds(r, C + C / 2, 7, (2 * C + C / 2 + 4 * C) / 64));  // closing edge: H3's free start
+      CHECK(holds(l.opening(), 2 * C + C / 2, 7));
+      CHECK(holds(l.r, C + C / 2, 7, (2 * C + C / 2 + 4 * C) / 64));
       // ... and what is written in the edges is in the block.
-      fill(r, C + C / 2, 8);
+      fill(l.r, C + C / 2, 8);
       CHECK(holds(y + 2 * C + C / 2 + 4 * C, C + C / 2, 8));
     } else {
       CHECK(s1.reserved_bytes.current - s0.reserved_bytes.current == static_cast<std::int64_t>(8 * C));
       CHECK(s1.stitched_blocks.current == 0);
     }
-    CHECK(holds(p, C + C / 2, 1));  // the neighbours keep their bytes
-    CHECK(holds(t, 2 * C + C / 2, 2));
-    CHECK(holds(mid, 4 * C, 3));
+    CHECK(l.neighbours_intact());
     CHECK(a.check_invariants());
     a.deallocate(y);
     if (edges) {  // freed, the edges are free again and serve on their own
       void* q2 = a.allocate(2 * C + C / 2);
-      CHECK(q2 == p + C + C / 2);
+      CHECK(q2 == l.opening());
       a.deallocate(q2);
     }
-    for (void* x : {static_cast<void*>(p), static_cast<void*>(t), mid}) a.deallocate(x);
+    l.free_all(a);
     all_released(a);
   }
 }
@@ -816,22 +836,10 @@ TEST_CASE("stitch edges: a closing edge instead of the last piece's tail; after 
   for (const std::size_t request : {6 * C, 7 * C}) {
     SUBCASE(request == 6 * C ? "S4: the new handle's surplus replaces the closing edge"
                              : "S4: the new handle's surplus shortens the closing edge") {
-      // As in the test above: opening edge 2.5C, closing edge 1.5C. 6C needs 2C new
-      // (3.5C less the edge), 7C needs 3C; growth creates a 4C handle either way.
-      void* h1 = a.allocate(4 * C);
-      void* mid = a.allocate(4 * C);
-      void* h3 = a.allocate(4 * C);
-      a.deallocate(h1);
-      auto* p = static_cast<unsigned char*>(a.allocate(C + C / 2));
-      void* q = a.allocate(2 * C + C / 2);
-      a.deallocate(h3);
-      auto* r = static_cast<unsigned char*>(a.allocate(C + C / 2));
-      void* t = a.allocate(2 * C + C / 2);
-      a.deallocate(q);
-      a.deallocate(r);
-      fill(p, C + C / 2, 1);
-      fill(t, 2 * C + C / 2, 2);
-      fill(r, C + C / 2, 3);
+      // 6C needs 2C new (3.5C less the 1.5C edge), 7C needs 3C; growth creates a 4C
+      // handle either way.
+      edge_layout<decltype(a)> l(a);
+      fill(l.r, C + C / 2, 4);
       const auto s0 = a.stats();
       auto* y = static_cast<unsigned char*>(a.allocate(request));
       const auto s1 = a.stats();
@@ -839,17 +847,17 @@ TEST_CASE("stitch edges: a closing edge instead of the last piece's tail; after 
       CHECK(fit(s1, fit_state::s4_shortfall) == fit(s0, fit_state::s4_shortfall) + 1);
       fill(y, request, 7);
       CHECK(holds(y, request, 7));
-      CHECK(holds(p + C + C / 2, 2 * C + C / 2, 7));  // the opening edge
+      CHECK(holds(l.opening(), 2 * C + C / 2, 7));
       if (request == 6 * C) {
-        CHECK(holds(r, C + C / 2, 3));  // not used: the surplus served instead
+        CHECK(holds(l.r, C + C / 2, 4));  // not used: the surplus served instead
       } else {
-        CHECK(holds(r, C / 2, 7, (2 * C + C / 2 + 4 * C) / 64));  // its first 0.5C only
-        CHECK(holds(r + C / 2, C, 3, C / 2 / 64));
+        CHECK(holds(l.r, C / 2, 7, (2 * C + C / 2 + 4 * C) / 64));  // its first 0.5C only
+        CHECK(holds(l.r + C / 2, C, 4, C / 2 / 64));
       }
-      CHECK(holds(p, C + C / 2, 1));
-      CHECK(holds(t, 2 * C + C / 2, 2));
+      CHECK(l.neighbours_intact());
       CHECK(a.check_invariants());
-      for (void* x : {static_cast<void*>(y), static_cast<void*>(p), t, mid}) a.deallocate(x);
+      a.deallocate(y);
+      l.free_all(a);
     }
   }
   all_released(a);

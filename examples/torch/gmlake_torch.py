@@ -89,18 +89,12 @@ _allocator = None    # keeps the CUDAPluggableAllocator object alive
 _abi_checked = False
 
 
-def _candidates(lib=None):
+def _candidates():
+    """Where the plugin is looked for when neither lib nor $GMLAKE_TORCH_LIB names it."""
     here = os.path.dirname(os.path.abspath(__file__))
-    out = []
-    if lib:
-        out.append(lib)
-    env = os.environ.get("GMLAKE_TORCH_LIB")
-    if env:
-        out.append(env)
-    out.append(os.path.join(here, LIB_NAME))
-    out.append(os.path.join(here, "..", "..", "build", "examples", "torch", LIB_NAME))
-    out.append(os.path.join(os.getcwd(), "build", "examples", "torch", LIB_NAME))
-    return out
+    return [os.path.join(here, LIB_NAME),
+            os.path.join(here, "..", "..", "build", "examples", "torch", LIB_NAME),
+            os.path.join(os.getcwd(), "build", "examples", "torch", LIB_NAME)]
 
 
 def find_library(lib=None):
@@ -108,19 +102,13 @@ def find_library(lib=None):
 
     An explicit lib (argument) or $GMLAKE_TORCH_LIB that does not exist is an
     error, not a reason to look elsewhere."""
-    if lib:
-        if os.path.isdir(lib):
-            lib = os.path.join(lib, LIB_NAME)
-        if not os.path.isfile(lib):
-            raise RuntimeError(f"gmlake_torch: lib={lib!r} does not exist")
-        return os.path.realpath(lib)
-    env = os.environ.get("GMLAKE_TORCH_LIB")
-    if env:
-        if os.path.isdir(env):
-            env = os.path.join(env, LIB_NAME)
-        if not os.path.isfile(env):
-            raise RuntimeError(f"gmlake_torch: GMLAKE_TORCH_LIB={env!r} does not exist")
-        return os.path.realpath(env)
+    for label, given in (("lib", lib), ("GMLAKE_TORCH_LIB", os.environ.get("GMLAKE_TORCH_LIB"))):
+        if not given:
+            continue
+        path = os.path.join(given, LIB_NAME) if os.path.isdir(given) else given
+        if not os.path.isfile(path):
+            raise RuntimeError(f"gmlake_torch: {label}={path!r} does not exist")
+        return os.path.realpath(path)
     tried = _candidates()
     for c in tried:
         if os.path.isfile(c):

@@ -64,6 +64,23 @@ def loss_compare(r, ref):
     return text, diff
 
 
+def peer_verdict(g, peers):
+    """Whether run g's peak reserved (device view and own view) is at or below the
+    lowest of the peer runs', with both figures."""
+    parts = []
+    for key, label in (("peak_reserved_device", "device view"), ("peak_reserved_own", "own view")):
+        pv = [(p.get(key), p["allocator"]) for p in peers if p.get(key) is not None]
+        gv = g.get(key)
+        if gv is None or not pv:
+            parts.append(f"{label}: n/a")
+            continue
+        best, who = min(pv)
+        rel = f", {100.0 * (gv - best) / best:+.1f}%" if best else ""
+        parts.append(f"{label}: {'yes' if gv <= best else 'NO'} (gmlake {gb(gv)} GB vs best peer {who} "
+                     f"{gb(best)} GB{rel})")
+    return "; ".join(parts)
+
+
 def model_tables(runs, lines):
     train = [r for r in runs if r.get("kind") == "train" and not r.get("tag")]
     models = sorted({r["model"] for r in train}, key=order_key)
@@ -107,18 +124,7 @@ def model_tables(runs, lines):
         elif not peers:
             verdicts.append(f"- {m}: no peer completed a run, no verdict")
         else:
-            parts = []
-            for key, label in (("peak_reserved_device", "device view"), ("peak_reserved_own", "own view")):
-                pv = [(p.get(key), p["allocator"]) for p in peers if p.get(key) is not None]
-                gv = g.get(key)
-                if gv is None or not pv:
-                    parts.append(f"{label}: n/a")
-                    continue
-                best, who = min(pv)
-                ok = gv <= best
-                parts.append(f"{label}: {'yes' if ok else 'NO'} (gmlake {gb(gv)} GB vs best peer "
-                             f"{who} {gb(best)} GB, {100.0 * (gv - best) / best:+.1f}%)")
-            verdicts.append(f"- {m}: gmlake <= best peer? " + "; ".join(parts))
+            verdicts.append(f"- {m}: gmlake <= best peer? " + peer_verdict(g, peers))
     if verdicts:
         lines.append("### gmlake against the best peer (peak reserved)")
         lines.append("")

@@ -16,7 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from summarize import ALLOCATORS, PEERS, failures, gb, loss_compare  # noqa: E402
+from summarize import ALLOCATORS, PEERS, failures, gb, loss_compare, peer_verdict  # noqa: E402
 from summarize import load as load_runs  # noqa: E402
 
 SCHEMA = "gmlake-torch-dist/1"
@@ -89,20 +89,8 @@ def mode_table(mode, runs, lines, verdicts):
         if not peers:
             verdicts.append(f"- {tag}: no peer completed a run, no verdict")
             continue
-        parts = []
-        for key, label in (("peak_reserved_device", "device view"), ("peak_reserved_own", "own view")):
-            pv = [(p.get(key), p["allocator"]) for p in peers if p.get(key) is not None]
-            gv = g.get(key)
-            if gv is None or not pv:
-                parts.append(f"{label}: n/a")
-                continue
-            best, who = min(pv)
-            ok = gv <= best
-            rel = f", {100.0 * (gv - best) / best:+.1f}%" if best else ""
-            parts.append(f"{label}: {'yes' if ok else 'NO'} (gmlake {gb(gv)} GB vs best peer {who} "
-                         f"{gb(best)} GB{rel})")
         missing = [p for p in PEERS if p not in by or not by[p].get("ok")]
-        verdicts.append(f"- {tag}: gmlake <= best peer? " + "; ".join(parts)
+        verdicts.append(f"- {tag}: gmlake <= best peer? " + peer_verdict(g, peers)
                         + (f" (peers missing: {', '.join(missing)})" if missing else ""))
     lines.append("")
 

@@ -131,6 +131,31 @@ def test_limit_plan():
             raise AssertionError(f"accepted {bad!r}")
 
 
+def test_find_library():
+    with tempfile.TemporaryDirectory() as d:
+        lib = os.path.join(d, gt.LIB_NAME)
+        open(lib, "w").close()
+        saved = os.environ.pop("GMLAKE_TORCH_LIB", None)
+        try:
+            assert gt.find_library(lib) == os.path.realpath(lib)
+            assert gt.find_library(d) == os.path.realpath(lib)  # a folder holding it
+            os.environ["GMLAKE_TORCH_LIB"] = d
+            assert gt.find_library() == os.path.realpath(lib)
+            for given in ({"lib": os.path.join(d, "missing.so")}, {}):  # named but missing: an error
+                if not given:
+                    os.environ["GMLAKE_TORCH_LIB"] = os.path.join(d, "missing.so")
+                try:
+                    gt.find_library(**given)
+                except RuntimeError as e:
+                    assert "missing.so" in str(e) and "does not exist" in str(e), e
+                else:
+                    raise AssertionError(f"accepted {given or os.environ['GMLAKE_TORCH_LIB']}")
+        finally:
+            os.environ.pop("GMLAKE_TORCH_LIB", None)
+            if saved is not None:
+                os.environ["GMLAKE_TORCH_LIB"] = saved
+
+
 def test_summarize_rounds():
     import json
     import summarize as sm
