@@ -129,6 +129,8 @@ class basic_allocator {
   /// Releases every chunk and mapping. Live allocations dangle afterwards (reported
   /// through on_misuse when there are any).
   ~basic_allocator() {
+    capture_ = false;
+    streams_.set_hold(false);
     if (stats_.allocations.current != 0) misuse("allocator destroyed with live allocations", nullptr);
     (void)streams_.wait_all();
     while (!by_pointer_.empty()) unmap_stitch(*by_pointer_.begin(), true);
@@ -185,6 +187,51 @@ class basic_allocator {
     std::lock_guard lock(mutex_);
     return stats_;
   }
+  /// @brief Capture mode, for CUDA graph capture: while on, the allocator makes no
+  ///        call that records, queries or waits on an event and releases no memory
+  ///        (no unmap, no release, no eviction, no lending between arenas, no release
+  ///        and retry before out-of-memory). Memory freed on another stream is not
+  ///        reused until the mode is off; requests grow the reserve instead.
+  void set_capture_mode(bool on) noexcept {
+    std::lock_guard lock(mutex_);
+    capture_ = on;
+    streams_.set_hold(on);
+  }
+  [[nodiscard]] bool capture_mode() const noexcept {
+    std::lock_guard lock(mutex_);
+    return capture_;
+  }
+
+  /// @brief Walks the layout for snapshots: `on_segment(layout_segment)` for each
+  ///        handle of the arenas (small, then large) and each stitched block, each
+  ///        followed by `on_piece(layout_piece)` for its pieces in address order (a
+  ///        handle's pieces tile it; a stitched block's are its allocation, if
+  ///        active, and the rest of its mapping).
+  template <class OnSegment, class OnPiece>
+  void visit_layout(OnSegment&& on_segment, OnPiece&& on_piece) const {
+    std::lock_guard lock(mutex_);
+    for (const arena_type* a : {&small_, &large_}) {
+      const auto kind = a == &small_ ? layout_segment::small_handle : layout_segment::large_handle;
+      a->visit_handles([&](std::uintptr_t at, std::size_t bytes) { on_segment(layout_segment{at, bytes, kind}); },
+                       [&](const range& r) {
+                         layout_piece::state_type st = layout_piece::free;
+                         if (r.state == detail::range_state::used)
+                           st = r.owner != nullptr ? layout_piece::mapped_by_stitch : layout_piece::allocated;
+                         on_piece(layout_piece{r.addr, r.size, st});
+                       });
+    }
+    for (const stitch_block& b : by_pointer_) {
+      on_segment(layout_segment{b.va, b.mapped, layout_segment::stitched});
+      std::size_t at = 0;
+      if (b.in_use) {
+        if (b.pointer > b.va) on_piece(layout_piece{b.va, b.pointer - b.va, layout_piece::free});
+        on_piece(layout_piece{b.pointer, b.active, layout_piece::allocated});
+        at = b.pointer - b.va + b.active;
+      }
+      if (at < b.mapped) on_piece(layout_piece{b.va + at, b.mapped - at, layout_piece::free});
+    }
+  }
+
   void reset_peaks() noexcept {
     std::lock_guard lock(mutex_);
     for (stat* s : {&stats_.requested_bytes, &stats_.active_bytes, &stats_.reserved_bytes, &stats_.mapped_bytes,
@@ -271,6 +318,7 @@ class basic_allocator {
         return p;
       }
       if (attempt == 0) {
+        if (capture_) break;  // nothing may be released now
         ++stats_.num_alloc_retries;
         (void)release_cached_locked();
       }
@@ -308,7 +356,7 @@ class basic_allocator {
     }
     // Growth of the small arena that would pass the peak reserved: release a free
     // handle of the large arena first (options::lend_to_small_at_peak).
-    if (small && opt_.lend_to_small_at_peak &&
+    if (small && opt_.lend_to_small_at_peak && !capture_ &&
         stats_.reserved_bytes.current + static_cast<std::int64_t>(chunk_) > stats_.reserved_bytes.peak)
     {
       (void)streams_.wait_all();
@@ -318,7 +366,7 @@ class basic_allocator {
     // first give the small arena's free whole chunks back, so physical memory moves
     // to where it is needed instead of adding up (options::lend_at_peak). Only this
     // way: releasing large-arena chunks for the small one churns (measured).
-    if (opt_.lend_at_peak && !small &&
+    if (opt_.lend_at_peak && !small && !capture_ &&
         stats_.reserved_bytes.current + static_cast<std::int64_t>(size) > stats_.reserved_bytes.peak)
       lend(small_);
     if (stitch_.create_shortfall()) {  // S4: create only the shortfall, the fewer new bytes of two ways
@@ -697,6 +745,7 @@ class basic_allocator {
   /// Unmaps a stitched block and frees its reservation, after its stream work is
   /// done. `force`: also a block in use (the allocator is going away).
   bool unmap_stitch(stitch_block& b, bool force) noexcept {
+    if (capture_ && !force) return false;
     if (b.in_use && !force) return false;
     if (!b.in_use && !streams_.wait(b.tag) && !force) return false;  // force: going away, no retry
     if (backend_.unmap(b.va, b.mapped) != errc::ok) {
@@ -725,6 +774,7 @@ class basic_allocator {
 
   /// Releases the free whole chunks of arena `from` that no stitched block maps.
   void lend(arena_type& from) noexcept {
+    if (capture_) return;
     if (from.free_count() == 0) return;
     (void)streams_.wait_all();
     from.coalesce_all();
@@ -732,6 +782,7 @@ class basic_allocator {
   }
 
   std::size_t release_cached_locked() noexcept {
+    if (capture_) return 0;
     while (!lru_.empty())
       if (!unmap_stitch(lru_.front(), false)) break;
     (void)streams_.wait_all();
@@ -789,6 +840,7 @@ class basic_allocator {
   detail::stitch_cache cache_;
   detail::stitch_lru lru_;
   std::size_t cached_bytes_ = 0;
+  bool capture_ = false;  ///< set_capture_mode
   std::uint64_t clock_ = 0;
   std::array<stitch_candidate, max_candidates> candidates_{};
   std::array<detail::stitch_piece, max_candidates + 3> pieces_{};  // + opening edge, new chunks, closing edge

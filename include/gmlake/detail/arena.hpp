@@ -349,6 +349,27 @@ class arena {
   }
 
 
+  /// Calls on_handle(addr, bytes) for each mapped handle in address order, then
+  /// on_piece(range) for each range within it, clipped to the handle (a range may
+  /// span handles); the pieces tile the handle.
+  template <class OnHandle, class OnPiece>
+  void visit_handles(OnHandle&& on_handle, OnPiece&& on_piece) const {
+    if (size_ == 0) return;
+    auto it = address_.begin();
+    for (std::size_t i = 0; i < slots_.size(); i += slots_[i].count ? slots_[i].count : 1) {
+      if (!slots_[i].mapped || slots_[i].first != i) continue;
+      const std::uintptr_t lo = base_ + i * chunk_, hi = lo + slots_[i].count * chunk_;
+      on_handle(lo, hi - lo);
+      while (it != address_.end() && it->end() <= lo) ++it;
+      for (auto r = it; r != address_.end() && r->addr < hi; ++r) {
+        range piece = *r;
+        piece.addr = std::max(r->addr, lo);
+        piece.size = std::min(r->end(), hi) - piece.addr;
+        on_piece(static_cast<const range&>(piece));
+      }
+    }
+  }
+
   /// Every stated property of the tiling, the indexes and the slots.
   [[nodiscard]] bool check(std::size_t& reserved, std::size_t& used, std::size_t& live) const noexcept {
     if (size_ == 0) return true;
