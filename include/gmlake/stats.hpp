@@ -28,7 +28,7 @@ struct stat {
   void reset_peak() noexcept { peak = current; }
 };
 
-/// BestFit outcome of a request (REFERENCE.md section 1).
+/// BestFit outcome of a request: the GMLake paper's states S1-S5 (docs/design.md).
 enum class fit_state : unsigned char {
   s1_exact = 0,   ///< a free block or cached stitched block of exactly the size
   s2_split,       ///< one larger free block, split
