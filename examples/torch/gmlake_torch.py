@@ -1,19 +1,30 @@
-"""gmlake_torch - use gmlake as PyTorch's CUDA allocator (ctypes, no build step).
+"""gmlake_torch - use gmlake as PyTorch's CUDA allocator.
 
     import gmlake_torch
     gmlake_torch.enable()              # before any CUDA work in this process
-    ...                                # torch code as usual
-    print(gmlake_torch.memory_stats())
+    ...                                # torch code as usual: torch.cuda.memory_stats(),
+                                       # empty_cache(), record_stream, CUDA graphs, ...
 
-enable() loads libgmlake_torch.so (the C interface is examples/torch/gmlake_torch.h)
-and installs it with torch.cuda.memory.CUDAPluggableAllocator +
-change_current_allocator. PyTorch's own statistics calls (torch.cuda.memory_stats,
-max_memory_reserved, reset_peak_memory_stats) raise for a pluggable allocator, and
-torch.cuda.set_per_process_memory_fraction / empty_cache do nothing for it; use the
-functions of this module instead.
+Two ways in:
+  native     (default when the extension _gmlake_torch is installed:
+             `pip install --no-build-isolation ./examples/torch`): gmlake becomes
+             PyTorch's own CUDA allocator (a c10 CUDAAllocator, examples/torch/native.cpp),
+             so every torch.cuda memory call reaches it: memory_stats() and the calls
+             built on it, empty_cache(), set_per_process_memory_fraction(),
+             Tensor.record_stream(), CUDA graphs and their private pools,
+             torch.compile(mode="reduce-overhead"), _record_memory_history() and
+             _snapshot(). Out of memory raises torch.cuda.OutOfMemoryError.
+  pluggable  (enable(native=False), no Python build step): libgmlake_torch.so (the C
+             interface of examples/torch/gmlake_torch.h) through
+             torch.cuda.memory.CUDAPluggableAllocator. PyTorch's statistics calls raise
+             then and empty_cache / the memory fraction do nothing; use this module's
+             functions. CUDA graphs are not supported on this path.
 
-The library is found at, in order: enable(lib=...), $GMLAKE_TORCH_LIB, next to this
-file, ../../build/examples/torch/ relative to this file, ./build/examples/torch/.
+This module's functions (memory_stats, empty_cache, ...) work on both paths; on the
+native one they are torch.cuda's, with gmlake's extra keys added to memory_stats().
+
+The pluggable library is found at, in order: enable(lib=...), $GMLAKE_TORCH_LIB, next
+to this file, ../../build/examples/torch/ relative to this file, ./build/examples/torch/.
 
 torch is imported lazily: this module imports (and its Structure mirror can be
 checked) on a machine without torch.
@@ -27,6 +38,8 @@ import threading
 __all__ = [
     "enable",
     "is_enabled",
+    "is_native",
+    "plot_layout",
     "library_path",
     "memory_stats",
     "empty_cache",
@@ -87,6 +100,7 @@ _lib_path = None     # its absolute path
 _enabled = False     # True once change_current_allocator succeeded
 _allocator = None    # keeps the CUDAPluggableAllocator object alive
 _abi_checked = False
+_native = None       # the _gmlake_torch extension module, once enabled natively
 
 
 def _candidates():
@@ -206,7 +220,21 @@ def _limit_plan(limit):
 
 def set_limit(limit, device=-1):
     """Caps the physical bytes gmlake may hold (0: no cap); limit in bytes, or a
-    float fraction 0<f<=1 of the device's total memory. device -1: all devices."""
+    float fraction 0<f<=1 of the device's total memory. device -1: all devices.
+    On the native path this is torch.cuda.set_per_process_memory_fraction."""
+    if _native is not None:
+        import torch
+        devices = range(torch.cuda.device_count()) if device == -1 else [_device_index(device)]
+        for d in devices:
+            total = torch.cuda.get_device_properties(d).total_memory
+            if isinstance(limit, float) and 0.0 < limit <= 1.0:
+                fraction = limit
+            elif limit == 0:
+                fraction = 1.0
+            else:
+                fraction = min(1.0, float(limit) / total)
+            torch.cuda.set_per_process_memory_fraction(fraction, d)
+        return
     lib = _lib
     if lib is None:
         raise RuntimeError("gmlake_torch: library not loaded; call enable() first")
@@ -216,39 +244,60 @@ def set_limit(limit, device=-1):
             raise RuntimeError(f"gmlake_torch_set_limit({d}, {nbytes}) failed: {_last_error()}")
 
 
-def enable(limit=None, lib=None):
+def _import_native():
+    """The _gmlake_torch extension, or None when it is not installed."""
+    try:
+        import _gmlake_torch
+    except ImportError:
+        return None
+    return _gmlake_torch
+
+
+def _refuse_if_initialized(torch):
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "gmlake_torch.enable() must run before any CUDA work: PyTorch's CUDA state is "
+            "already initialized, so its allocator can no longer be swapped. "
+            "Call enable() right after `import torch` (and before importing libraries "
+            "that touch CUDA at import time).")
+
+
+def enable(limit=None, lib=None, native=None):
     """Installs gmlake as PyTorch's CUDA allocator. Call before any CUDA work.
 
     limit: None (no cap), bytes (int), or a fraction 0<f<=1 of the device memory.
-    lib: path of libgmlake_torch.so (else $GMLAKE_TORCH_LIB, else searched).
-    Returns the library's path. Calling it again is harmless (the limit, if
-    given, is applied again). Raises RuntimeError with the reason when the swap
-    is impossible (CUDA already initialized, library missing, ...)."""
-    global _enabled, _allocator
+    native: True (the _gmlake_torch extension: PyTorch's own allocator interface),
+      False (libgmlake_torch.so through CUDAPluggableAllocator), None (native when
+      the extension is installed, else pluggable).
+    lib: path of libgmlake_torch.so (pluggable path; else $GMLAKE_TORCH_LIB, else searched).
+    Returns "native" or the pluggable library's path. Calling it again is harmless
+    (the limit, if given, is applied again). Raises RuntimeError with the reason when
+    the swap is impossible (CUDA already initialized, library missing, ...)."""
+    global _enabled, _allocator, _native
     with _lock:
-        path = find_library(lib)
         if _enabled:
-            if path != _lib_path:
-                raise RuntimeError(f"gmlake_torch: already enabled with {_lib_path}")
+            if native is not None and native != (_native is not None):
+                raise RuntimeError("gmlake_torch: already enabled on the other path")
             if limit is not None:
                 set_limit(limit)
-            return _lib_path
+            return "native" if _native is not None else _lib_path
         import torch  # lazy: the module works without torch for its pure parts
 
         if not torch.cuda.is_available():
             raise RuntimeError("gmlake_torch.enable(): torch.cuda is not available")
-        if torch.cuda.is_initialized():
-            used = ""
-            try:
-                used = f" (torch.cuda.memory_allocated() = {torch.cuda.memory_allocated()} bytes," \
-                       f" memory_reserved() = {torch.cuda.memory_reserved()} bytes)"
-            except Exception:
-                pass
-            raise RuntimeError(
-                "gmlake_torch.enable() must run before any CUDA work: PyTorch's CUDA state is "
-                "already initialized" + used + ", so its allocator can no longer be swapped. "
-                "Call enable() right after `import torch` (and before importing libraries "
-                "that touch CUDA at import time).")
+        ext = _import_native() if native is not False else None
+        if native and ext is None:
+            raise RuntimeError("gmlake_torch.enable(native=True): the extension _gmlake_torch is not "
+                               "installed; `pip install --no-build-isolation ./examples/torch`")
+        _refuse_if_initialized(torch)
+        if ext is not None:
+            ext.install()
+            _native = ext
+            _enabled = True
+            if limit is not None:
+                set_limit(limit)
+            return "native"
+        path = find_library(lib)
         _load(path)
         try:
             alloc = torch.cuda.memory.CUDAPluggableAllocator(path, ALLOC_FN, FREE_FN)
@@ -263,6 +312,11 @@ def enable(limit=None, lib=None):
         if limit is not None:
             set_limit(limit)
         return _lib_path
+
+
+def is_native():
+    """True when gmlake is installed through PyTorch's own allocator interface."""
+    return _native is not None
 
 
 def is_enabled():
@@ -357,14 +411,31 @@ def stats_to_dict(s):
 
 def memory_stats(device=None):
     """Like torch.cuda.memory_stats() for gmlake: an OrderedDict, empty when gmlake
-    has no allocator on that device yet (as torch's is before CUDA init)."""
+    has no allocator on that device yet (as torch's is before CUDA init). On the
+    native path: torch.cuda.memory_stats() plus gmlake's keys ("gmlake.")."""
+    if _native is not None:
+        import torch
+        d = dict(torch.cuda.memory_stats(device))
+        d.update(_native.stats(_device_index(device)))
+        return collections.OrderedDict(sorted(d.items()))
     s = _raw_stats(device)
     if s is None:
         return collections.OrderedDict()
     return stats_to_dict(s)
 
 
+_NATIVE_KEYS = {
+    "reserved_bytes_current": "reserved_bytes.all.current",
+    "reserved_bytes_peak": "reserved_bytes.all.peak",
+    "allocated_bytes_current": "allocated_bytes.all.current",
+    "allocated_bytes_peak": "allocated_bytes.all.peak",
+}
+
+
 def _stat(field, device):
+    if _native is not None:
+        import torch
+        return int(torch.cuda.memory_stats(device).get(_NATIVE_KEYS[field], 0))
     s = _raw_stats(device)
     return 0 if s is None else int(getattr(s, field))
 
@@ -392,6 +463,11 @@ def max_memory_allocated(device=None):
 def empty_cache(device=-1):
     """Releases cached stitched blocks and unused chunks (torch.cuda.empty_cache
     does nothing for a pluggable allocator). device -1: all. Returns bytes released."""
+    if _native is not None:
+        import torch
+        before = sum(torch.cuda.memory_reserved(d) for d in range(torch.cuda.device_count()))
+        torch.cuda.empty_cache()
+        return before - sum(torch.cuda.memory_reserved(d) for d in range(torch.cuda.device_count()))
     if _lib is None:
         return 0
     dev = -1 if device == -1 else _device_index(device)
@@ -401,7 +477,61 @@ def empty_cache(device=-1):
 def reset_peak_memory_stats(device=None):
     """Resets gmlake's peaks to the current values (device None: current device;
     -1: all devices)."""
+    if _native is not None:
+        import torch
+        for d in (range(torch.cuda.device_count()) if device == -1 else [_device_index(device)]):
+            torch.cuda.reset_peak_memory_stats(d)
+        return
     if _lib is None:
         return
     dev = -1 if device == -1 else _device_index(device)
     _lib.gmlake_torch_reset_peak_stats(dev)
+
+
+def plot_layout(path, device=None, snapshot=None):
+    """Draws where the reserved bytes are (native path) into an image file at path:
+    one row per segment of torch.cuda.memory._snapshot(), that is per handle of
+    gmlake's small and large arenas and per stitched block, each piece coloured as
+    allocated, mapped by a stitched block, or free. Needs matplotlib. Returns path."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    if snapshot is None:
+        import torch
+        snapshot = torch.cuda.memory._snapshot()
+    dev = _device_index(device)
+    segs = [s for s in snapshot["segments"] if s.get("device", 0) == dev]
+    kinds = _native.segment_kinds(dev) if _native is not None else {}
+    order = {"small": 0, "large": 1, "stitched": 2}
+    segs.sort(key=lambda s: (order.get(kinds.get(s["address"], "large"), 1), s["address"]))
+    colours = {"active_allocated": "#d62728", "active_pending_free": "#ff7f0e", "inactive": "#c7e9c0"}
+    stitched_colour = "#1f77b4"
+    fig_h = max(2.5, 0.18 * len(segs) + 1.5)
+    fig, ax = plt.subplots(figsize=(11, min(fig_h, 40)))
+    totals = collections.Counter()
+    for row, s in enumerate(segs):
+        x = 0
+        for b in s["blocks"]:
+            state = b["state"]
+            colour = colours.get(state, "#999999")
+            if state == "active_pending_free":  # active, not allocated: a piece a stitched block maps
+                colour = stitched_colour
+            ax.barh(row, b["size"] / 2**20, left=x / 2**20, color=colour, edgecolor="none", height=0.8)
+            x += b["size"]
+            totals[state] += b["size"]
+    ax.set_yticks(range(len(segs)))
+    ax.set_yticklabels([f'{kinds.get(s["address"], "segment")} {s["address"]:#x}' for s in segs], fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("MiB within the segment")
+    reserved = sum(s["total_size"] for s in segs)
+    ax.set_title(f"gmlake on cuda:{dev}: {len(segs)} segments, {reserved / 2**30:.2f} GiB mapped; "
+                 f"allocated {totals['active_allocated'] / 2**30:.2f} GiB")
+    ax.legend(handles=[Patch(color=colours["active_allocated"], label="allocated"),
+                       Patch(color=stitched_colour, label="mapped by a stitched block"),
+                       Patch(color=colours["inactive"], label="free")], loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

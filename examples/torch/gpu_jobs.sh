@@ -18,7 +18,11 @@ say() { echo "[$(elapsed)s] $*"; }
 
 say "gmlake plugin: $GMLAKE_TORCH_LIB"
 have_gmlake=1
-if [[ ! -f $GMLAKE_TORCH_LIB ]]; then
+# gmlake_torch.enable() takes the native extension (_gmlake_torch, pip-installed)
+# when python can import it, else the pluggable library.
+if ${PY:-python3} -c 'import torch, _gmlake_torch' 2>/dev/null; then
+  say "gmlake: native extension _gmlake_torch"
+elif [[ ! -f $GMLAKE_TORCH_LIB ]]; then
   have_gmlake=0
   say "gmlake plugin NOT FOUND: the gmlake runs are skipped (build it: meson setup build && ninja -C build)" \
     | tee -a "$WORK/skipped.txt"

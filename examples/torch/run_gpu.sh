@@ -24,7 +24,8 @@
 # when missing, the gmlake runs are skipped), PYTHON (default python3), STEPS,
 # MODELS (step 1; empty: none), ROUNDS and ROUNDS_MODEL (throughput rounds, step 1b),
 # CAPTURES (step 2; 0: none), CAP, BATCHES and CAP_ALLOCS (step 3; empty: none).
-# Throughput only: MODELS= CAPTURES=0 CAP_ALLOCS= ROUNDS=3 run_gpu.sh OUT 540.
+# COMPILE (step 1c; 0: none). Throughput only: MODELS= CAPTURES=0 CAP_ALLOCS= COMPILE=0
+# ROUNDS=3 run_gpu.sh OUT 540.
 set -u
 
 OUT=${1:?usage: run_gpu.sh OUTDIR [budget seconds, default 540]}
@@ -93,6 +94,17 @@ for ((r = 1; r <= ROUNDS; r++)); do
     train "$ROUNDS_MODEL.$a.round$r" 35 150 "$a" --model "$ROUNDS_MODEL" --steps "$STEPS" --tag "round$r"
   done
 done
+
+# 1c. CUDA graphs in training (COMPILE, default 1): GPT-2 small with a fixed shape
+#    under torch.compile(mode="reduce-overhead"), which captures the forward and
+#    backward as CUDA graphs and replays them, with the default allocator and gmlake;
+#    summarize.py compares the losses step by step.
+if [[ ${COMPILE:-1} == 1 ]]; then
+  for a in default gmlake; do
+    train "gpt2s-fixed.$a.compiled" 60 240 "$a" --model gpt2s-fixed --steps "$STEPS" \
+      --compile reduce-overhead --tag compiled
+  done
+fi
 
 # 2. Two short traces of our own, default allocator (only it records history):
 #    GPT-2 small with sequence length random per step, and a small Llama with LoRA

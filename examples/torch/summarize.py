@@ -82,13 +82,16 @@ def peer_verdict(g, peers):
 
 
 def model_tables(runs, lines):
-    train = [r for r in runs if r.get("kind") == "train" and not r.get("tag")]
-    models = sorted({r["model"] for r in train}, key=order_key)
+    # untagged runs, and tagged ones other than throughput rounds (e.g. "compiled")
+    train = [r for r in runs if r.get("kind") == "train" and not str(r.get("tag") or "").startswith("round")]
+    models = sorted({(r["model"], r.get("tag") or "") for r in train}, key=lambda mt: (order_key(mt[0]), mt[1]))
     verdicts = []
-    for m in models:
-        by = {r["allocator"]: r for r in train if r["model"] == m}
+    for m, tag in models:
+        by = {r["allocator"]: r for r in train if r["model"] == m and (r.get("tag") or "") == tag}
         ref = by.get("default") if by.get("default", {}).get("ok") else None
         any_r = next(iter(by.values()))
+        if tag:
+            m = f"{m} ({tag}{', torch.compile ' + any_r['compile'] if any_r.get('compile') else ''})"
         lines.append(f"### {m}")
         lines.append("")
         lines.append(f"batch {any_r.get('batch')}, {any_r.get('steps')} steps, seed {any_r.get('seed')}, "

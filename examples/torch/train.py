@@ -80,6 +80,9 @@ MODELS = {
     "llama-small-lora-ckpt": dict(family="llama", layers=8, hidden=1024, ffn=2816, heads=16, kv_heads=4,
                                   vocab=32000, seq=(128, 2048), batch=8, ckpt=True, lora=True,
                                   bf16_weights=True),
+    # GPT-2 small with a fixed shape: the torch.compile(mode="reduce-overhead") run
+    "gpt2s-fixed": dict(family="gpt2", layers=12, hidden=768, heads=12, vocab=50257,
+                        seq=(512, 512), batch=8, ckpt=False, lora=False, bf16_weights=False),
 }
 
 R = {}          # the result, written as JSON
@@ -182,6 +185,8 @@ def parse_args(argv):
                                                   "(default allocator only)")
     ap.add_argument("--gmlake-lib", default="", help="path of libgmlake_torch.so")
     ap.add_argument("--tag", default="", help="suffix for the JSON name")
+    ap.add_argument("--compile", default="", help="torch.compile mode for the model (e.g. reduce-overhead, "
+                                                  "which replays CUDA graphs); empty: eager")
     return ap.parse_args(argv)
 
 
@@ -487,6 +492,9 @@ def main(argv=None):
         model = build_model(args.model, spec, torch, R)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=args.lr)
+        if args.compile:
+            model = torch.compile(model, mode=args.compile)
+            R["compile"] = args.compile
         torch.cuda.synchronize()
         mem.sample()
         R["build_s"] = round(time.time() - t0, 3)

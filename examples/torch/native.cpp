@@ -1,0 +1,1035 @@
+// examples/torch/native.cpp - gmlake behind PyTorch's own CUDA allocator interface.
+//
+// The extension module _gmlake_torch (used through gmlake_torch.py) installs one object of class
+// `native_allocator`, a c10::cuda::CUDACachingAllocator::CUDAAllocator, as
+// PyTorch's CUDA allocator. Every torch.cuda memory call then reaches gmlake:
+// allocation and free, memory_stats() and what is built on it, empty_cache(),
+// set_per_process_memory_fraction(), Tensor.record_stream(), CUDA graph private
+// pools, and _record_memory_history() / _snapshot().
+//
+// Per device:
+//  - one gmlake allocator (CUDA VMM backend) serves every request outside a graph
+//    capture;
+//  - each graph memory pool (MempoolId_t) is a gmlake allocator of its own, made
+//    when a capture first allocates into it. Memory used inside a capture stays in
+//    its pool until the pool's last graph is destroyed and its last block freed, so
+//    a replay never writes into a block handed out afterwards. Stitching works
+//    inside a pool as anywhere else;
+//  - while a capture is under way on the device, no allocator waits on, records or
+//    queries events, or releases memory (gmlake's capture mode), and driver calls
+//    run in the relaxed capture mode, as PyTorch's own allocator does;
+//  - a block used on other streams (record_stream) goes back to gmlake only once
+//    events recorded on those streams at its free have completed.
+//
+// One mutex per device guards this file's state; gmlake's allocators have their own.
+#include <c10/core/Allocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/ApproximateClock.h>
+#include <c10/util/Exception.h>
+#include <cuda_runtime_api.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <gmlake/allocator.hpp>
+#include <gmlake/backend/cuda_vmm.hpp>
+#include <gmlake/configs.hpp>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace {
+
+namespace cca = c10::cuda::CUDACachingAllocator;
+using c10::DeviceIndex;
+using c10::MempoolId_t;
+using core = gmlake::allocator<gmlake::backend::cuda_vmm>;
+using stat_array = c10::CachingAllocator::StatArray;
+using c10::CachingAllocator::StatType;
+
+constexpr std::size_t small_max = std::size_t{1} << 20;  // PyTorch's small pool: requests up to 1 MiB
+constexpr std::size_t rounding = gmlake::block_alignment;  // gmlake places requests in 512 B multiples
+
+std::size_t placed_size(std::size_t n) noexcept { return (n + rounding - 1) / rounding * rounding; }
+
+std::string format_size(std::uint64_t n) {
+  char buf[64];
+  if (n < 1024) std::snprintf(buf, sizeof buf, "%" PRIu64 " bytes", n);
+  else if (n < (1ull << 20)) std::snprintf(buf, sizeof buf, "%.2f KiB", n / 1024.0);
+  else if (n < (1ull << 30)) std::snprintf(buf, sizeof buf, "%.2f MiB", n / 1048576.0);
+  else std::snprintf(buf, sizeof buf, "%.2f GiB", n / 1073741824.0);
+  return buf;
+}
+
+struct pool;
+
+/// One live allocation.
+struct block {
+  void* ptr = nullptr;
+  std::size_t size = 0;  // bytes asked for
+  cudaStream_t stream = nullptr;
+  DeviceIndex device = 0;
+  pool* owner = nullptr;  // the graph pool it came from; nullptr: the device's allocator
+  std::vector<cudaStream_t> uses;  // other streams it was used on (record_stream)
+  std::shared_ptr<c10::GatheredContext> context;
+};
+
+/// A graph memory pool: its own gmlake allocator, in capture mode for its whole life.
+struct pool {
+  MempoolId_t id;
+  std::unique_ptr<core> alloc;
+  int use_count = 0;       // captures and MemPools holding it
+  std::size_t live = 0;    // blocks not yet freed
+};
+
+/// A free waiting for events on the streams the block was used on.
+struct pending_free {
+  block* b;
+  std::vector<cudaEvent_t> events;
+};
+
+/// Totals shaped like PyTorch's, kept by request class (small: up to 1 MiB).
+struct request_stats {
+  stat_array allocation, active, allocated_bytes, active_bytes, requested_bytes;
+  std::int64_t num_ooms = 0;
+  std::int64_t num_alloc_retries = 0;
+  std::int64_t num_sync_all_streams = 0;
+
+  void on_alloc(std::size_t n) {
+    for (auto t : types(n)) {
+      allocation[t].increase(1);
+      active[t].increase(1);
+      allocated_bytes[t].increase(placed_size(n));
+      active_bytes[t].increase(placed_size(n));
+      requested_bytes[t].increase(n);
+    }
+  }
+  void on_free(std::size_t n) {
+    for (auto t : types(n)) {
+      allocation[t].decrease(1);
+      active[t].decrease(1);
+      allocated_bytes[t].decrease(placed_size(n));
+      active_bytes[t].decrease(placed_size(n));
+      requested_bytes[t].decrease(n);
+    }
+  }
+  static std::array<std::size_t, 2> types(std::size_t n) {
+    return {static_cast<std::size_t>(StatType::AGGREGATE),
+            static_cast<std::size_t>(n <= small_max ? StatType::SMALL_POOL : StatType::LARGE_POOL)};
+  }
+};
+
+struct device_state {
+  std::mutex m;
+  std::unique_ptr<core> main;
+  double fraction = 1.0;
+  std::map<MempoolId_t, std::unique_ptr<pool>> pools;
+  std::vector<std::pair<MempoolId_t, std::function<bool(cudaStream_t)>>> captures;  // under way
+  std::deque<pending_free> pending;          // record_stream frees waiting for events
+  std::vector<block*> deferred;              // record_stream frees made during a capture
+  std::vector<cudaEvent_t> spare_events;
+  request_stats stats;
+  // reserved bytes and chunks by arena (small pool: the small arena), sampled when
+  // the statistics are read, with their peaks over those samples
+  c10::CachingAllocator::Stat reserved_small, reserved_large, segments_small, segments_large;
+  std::vector<cca::TraceEntry> trace;        // history while recording
+  std::size_t trace_next = 0;                // ring position once full
+};
+
+/// Every live block by pointer, in shards (frees come from any thread, for any device).
+class block_map {
+ public:
+  void insert(block* b) {
+    shard& s = at(b->ptr);
+    std::lock_guard lock(s.m);
+    s.map.emplace(b->ptr, b);
+  }
+  block* find(void* p) {
+    shard& s = at(p);
+    std::lock_guard lock(s.m);
+    auto it = s.map.find(p);
+    return it == s.map.end() ? nullptr : it->second;
+  }
+  block* take(void* p) {
+    shard& s = at(p);
+    std::lock_guard lock(s.m);
+    auto it = s.map.find(p);
+    if (it == s.map.end()) return nullptr;
+    block* b = it->second;
+    s.map.erase(it);
+    return b;
+  }
+  template <class F>
+  void for_each(F f) {
+    for (shard& s : shards_) {
+      std::lock_guard lock(s.m);
+      for (auto& [p, b] : s.map) f(b);
+    }
+  }
+
+ private:
+  struct shard {
+    std::mutex m;
+    std::unordered_map<void*, block*> map;
+  };
+  shard& at(void* p) { return shards_[(reinterpret_cast<std::uintptr_t>(p) >> 9) % shards_.size()]; }
+  std::array<shard, 32> shards_;
+};
+
+/// A checkpoint of a graph pool (CUDA graph trees): its live blocks.
+struct pool_state : cca::AllocatorState {
+  DeviceIndex device = 0;
+  MempoolId_t id;
+  std::vector<std::pair<void*, std::size_t>> blocks;
+};
+
+/// gmlake's misuse reports (double or foreign free) must not abort a training job.
+thread_local char last_misuse[256] = "";
+void on_misuse(const char* what, void* p) noexcept {
+  std::snprintf(last_misuse, sizeof last_misuse, "gmlake: misuse: %s (%p)", what, p);
+}
+
+class native_allocator final : public cca::CUDAAllocator {
+ public:
+  using cca::CUDAAllocator::recordStream;
+
+  // ---------------------------------------------------------------- c10::Allocator
+
+  c10::DataPtr allocate(std::size_t n) override {
+    const DeviceIndex dev = c10::cuda::current_device();
+    const cudaStream_t s = c10::cuda::getCurrentCUDAStream(dev).stream();
+    void* p = n == 0 ? nullptr : make_block(dev, n, s)->ptr;
+    // As PyTorch's own allocator: context = pointer, deleter = raw_deleter() (CUDA
+    // graph trees swap deleters and compare them with raw_deleter()).
+    return {p, p, &free_raw, c10::Device(c10::DeviceType::CUDA, dev)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &free_raw; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    C10_CUDA_CHECK(cudaMemcpy(dest, src, count, cudaMemcpyDeviceToDevice));
+  }
+
+  // ---------------------------------------------------------------- DeviceAllocator
+
+  bool initialized() override { return initialized_.load(); }
+
+  void emptyCache(MempoolId_t /*mempool_id*/) override {
+    for_each_device([&](device_state& d) {
+      std::lock_guard lock(d.m);
+      if (!d.captures.empty()) return;  // nothing is released while a capture is under way
+      settle_pending(d, true);
+      release_retired_pools(d);
+      d.main->release_cached();
+    });
+  }
+
+  cca::DeviceStats getDeviceStats(DeviceIndex device) override {
+    device_state& d = state(device);
+    std::lock_guard lock(d.m);
+    cca::DeviceStats r;
+    const request_stats& q = d.stats;
+    r.allocation = q.allocation;
+    r.active = q.active;
+    r.allocated_bytes = q.allocated_bytes;
+    r.active_bytes = q.active_bytes;
+    r.requested_bytes = q.requested_bytes;
+    r.num_ooms = q.num_ooms;
+    r.num_sync_all_streams = q.num_sync_all_streams;
+    gmlake::statistics g = totals(d);
+    r.num_alloc_retries = q.num_alloc_retries + static_cast<std::int64_t>(g.num_alloc_retries);
+    sample_reserved(d);
+    const auto agg = static_cast<std::size_t>(StatType::AGGREGATE);
+    const auto sm = static_cast<std::size_t>(StatType::SMALL_POOL);
+    const auto lg = static_cast<std::size_t>(StatType::LARGE_POOL);
+    copy(r.reserved_bytes[agg], g.reserved_bytes);
+    copy(r.segment[agg], g.chunks);
+    r.reserved_bytes[sm] = d.reserved_small;
+    r.reserved_bytes[lg] = d.reserved_large;
+    r.segment[sm] = d.segments_small;
+    r.segment[lg] = d.segments_large;
+    r.num_device_alloc = static_cast<std::int64_t>(g.calls[static_cast<std::size_t>(gmlake::call::create)]);
+    r.num_device_free = static_cast<std::int64_t>(g.calls[static_cast<std::size_t>(gmlake::call::release)]);
+    r.max_split_size = -1;
+    return r;
+  }
+
+  void resetAccumulatedStats(DeviceIndex device) override {
+    device_state& d = state(device);
+    std::lock_guard lock(d.m);
+    for (stat_array* a : {&d.stats.allocation, &d.stats.active, &d.stats.allocated_bytes, &d.stats.active_bytes,
+                          &d.stats.requested_bytes})
+      for (auto& s : *a) s.reset_accumulated();
+    d.stats.num_ooms = d.stats.num_alloc_retries = d.stats.num_sync_all_streams = 0;
+  }
+
+  void resetPeakStats(DeviceIndex device) override {
+    device_state& d = state(device);
+    std::lock_guard lock(d.m);
+    for (stat_array* a : {&d.stats.allocation, &d.stats.active, &d.stats.allocated_bytes, &d.stats.active_bytes,
+                          &d.stats.requested_bytes})
+      for (auto& s : *a) s.reset_peak();
+    for (auto* s : {&d.reserved_small, &d.reserved_large, &d.segments_small, &d.segments_large}) s->reset_peak();
+    d.main->reset_peaks();
+    for (auto& [id, p] : d.pools) p->alloc->reset_peaks();
+  }
+
+  // ---------------------------------------------------------------- CUDAAllocator
+
+  void* raw_alloc(std::size_t n) override {
+    const DeviceIndex dev = c10::cuda::current_device();
+    return raw_alloc_with_stream(n, c10::cuda::getCurrentCUDAStream(dev).stream());
+  }
+
+  void* raw_alloc_with_stream(std::size_t n, cudaStream_t s) override {
+    if (n == 0) return nullptr;
+    block* b = make_block(c10::cuda::current_device(), n, s);
+    return b->ptr;
+  }
+
+  void raw_delete(void* p) override { free_raw(p); }
+
+  void init(int device_count) override {
+    std::lock_guard lock(init_mutex_);
+    if (initialized_.load()) return;
+    devices_.clear();
+    for (int i = 0; i < device_count; ++i) devices_.push_back(std::make_unique<device_state>());
+    initialized_.store(true);
+  }
+
+  double getMemoryFraction(DeviceIndex device) override {
+    device_state& d = state(device);
+    std::lock_guard lock(d.m);
+    return d.fraction;
+  }
+
+  void setMemoryFraction(double fraction, DeviceIndex device) override {
+    TORCH_CHECK(fraction >= 0 && fraction <= 1, "gmlake: invalid fraction ", fraction, ", must be in [0, 1]");
+    device_state& d = state(device);
+    std::lock_guard lock(d.m);
+    d.fraction = fraction;
+    auto& be = d.main->backend();
+    // The cap applies to the device's allocator and to each graph pool's, each
+    // counting the physical memory it holds itself.
+    const std::size_t cap =
+        static_cast<std::size_t>(fraction * static_cast<double>(be.capacity())) / be.granularity() * be.granularity();
+    be.set_limit(cap);
+    for (auto& [id, p] : d.pools) p->alloc->backend().set_limit(cap);
+  }
+
+  std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(DeviceIndex) override { return {}; }
+
+  void enable(bool) override {}
+  bool isEnabled() const override { return true; }
+
+  void cacheInfo(DeviceIndex device, std::size_t* largest) override {
+    device_state& d = state(device);
+    std::lock_guard lock(d.m);
+    const gmlake::memory_breakdown m = d.main->breakdown();
+    // The largest request served without new memory is at most every free whole chunk stitched.
+    *largest = std::max<std::size_t>(*largest, m.large_free_whole);
+  }
+
+  void* getBaseAllocation(void* p, std::size_t* size) override {
+    const DeviceIndex dev = c10::cuda::current_device();
+    (void)dev;
+    block* b = live_.find(p);
+    TORCH_CHECK(b != nullptr, "gmlake: getBaseAllocation: pointer not allocated here");
+    if (size) *size = b->size;
+    return p;  // every gmlake block is its own base: nothing is carved out of a larger allocation
+  }
+
+  void recordStream(const c10::DataPtr& ptr, c10::cuda::CUDAStream stream) override {
+    if (!ptr.get() || ptr.get_deleter() != &free_raw) return;  // not ours (or empty)
+    block* b = live_.find(ptr.get());
+    if (b == nullptr) return;
+    device_state& d = state(b->device);
+    std::lock_guard lock(d.m);
+    const cudaStream_t s = stream.stream();
+    if (s == b->stream || std::find(b->uses.begin(), b->uses.end(), s) != b->uses.end()) return;
+    b->uses.push_back(s);
+  }
+
+  cca::SnapshotInfo snapshot(MempoolId_t mempool_id, bool include_traces) override;
+
+  void beginAllocateToPool(DeviceIndex device, MempoolId_t id, std::function<bool(cudaStream_t)> filter) override {
+    device_state& d = state(device);
+    std::lock_guard lock(d.m);
+    pool& p = pool_of(d, id);
+    ++p.use_count;
+    d.captures.emplace_back(id, std::move(filter));
+    d.main->set_capture_mode(true);
+  }
+
+  void endAllocateToPool(DeviceIndex device, MempoolId_t id) override {
+    device_state& d = state(device);
+    std::lock_guard lock(d.m);
+    auto it = std::find_if(d.captures.begin(), d.captures.end(), [&](const auto& c) { return c.first == id; });
+    TORCH_CHECK(it != d.captures.end(), "gmlake: endAllocateToPool: no allocation to this pool is under way");
+    d.captures.erase(it);
+    if (d.captures.empty()) d.main->set_capture_mode(false);
+  }
+
+  void releasePool(DeviceIndex device, MempoolId_t id) override {
+    device_state& d = state(device);
+    std::lock_guard lock(d.m);
+    auto it = d.pools.find(id);
+    TORCH_CHECK(it != d.pools.end(), "gmlake: releasePool: unknown pool");
+    TORCH_CHECK(it->second->use_count > 0, "gmlake: releasePool: pool already released");
+    --it->second->use_count;  // its memory goes back at empty_cache or when memory runs out
+  }
+
+  int getPoolUseCount(DeviceIndex device, MempoolId_t id) override {
+    device_state& d = state(device);
+    std::lock_guard lock(d.m);
+    auto it = d.pools.find(id);
+    return it == d.pools.end() ? 0 : it->second->use_count;
+  }
+
+  void createOrIncrefPool(DeviceIndex device, MempoolId_t id, std::shared_ptr<cca::CUDAAllocator> allocator) override {
+    TORCH_CHECK(allocator == nullptr, "gmlake: a memory pool with its own allocator is not supported");
+    device_state& d = state(device);
+    std::lock_guard lock(d.m);
+    ++pool_of(d, id).use_count;
+  }
+
+  bool checkPoolLiveAllocations(DeviceIndex device, MempoolId_t id,
+                                const std::unordered_set<void*>& expected) override {
+    device_state& d = state(device);
+    std::lock_guard lock(d.m);
+    auto it = d.pools.find(id);
+    const pool* p = it == d.pools.end() ? nullptr : it->second.get();
+    std::size_t n = 0;
+    bool ok = true;
+    live_.for_each([&](block* b) {
+      if (p == nullptr || b->owner != p) return;
+      ok &= expected.count(b->ptr) > 0;
+      ++n;
+    });
+    return ok && n == expected.size();
+  }
+
+  cca::ShareableHandle shareIpcHandle(void*) override {
+    TORCH_CHECK(false, "gmlake: CUDA IPC of tensors is not supported");
+  }
+  std::shared_ptr<void> getIpcDevPtr(std::string) override {
+    TORCH_CHECK(false, "gmlake: CUDA IPC of tensors is not supported");
+  }
+
+  bool isHistoryEnabled() override { return record_.load(); }
+
+  void recordHistory(bool enabled, cca::CreateContextFn context_recorder, std::size_t max_entries,
+                     cca::RecordContext when, bool clear, const std::vector<std::string>& /*skip_actions*/) override {
+    std::lock_guard lock(history_mutex_);
+    context_recorder_ = context_recorder;
+    record_when_ = enabled ? when : cca::RecordContext::NEVER;
+    max_entries_ = std::max<std::size_t>(max_entries, 1);
+    record_.store(enabled);
+    if (clear || enabled)
+      for_each_device([&](device_state& d) {
+        std::lock_guard dl(d.m);
+        if (clear) {
+          d.trace.clear();
+          d.trace_next = 0;
+        }
+      });
+  }
+
+  void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override {
+    std::lock_guard lock(history_mutex_);
+    oom_observers_.push_back(std::move(observer));
+  }
+
+  void attachAllocatorTraceTracker(cca::AllocatorTraceTracker tracker) override {
+    std::lock_guard lock(history_mutex_);
+    trackers_.push_back(std::move(tracker));
+  }
+
+  void enablePeerAccess(DeviceIndex dev, DeviceIndex dev_to_access) override {
+    // VMM memory is made accessible per device through cuMemSetAccess; other devices
+    // copy through cudaMemcpyPeerAsync (memcpyAsync below).
+    (void)dev;
+    (void)dev_to_access;
+  }
+
+  cudaError_t memcpyAsync(void* dst, int dst_device, const void* src, int src_device, std::size_t count,
+                          cudaStream_t stream, bool p2p_enabled) override {
+    if (p2p_enabled || dst_device == src_device)
+      return cudaMemcpyAsync(dst, src, count, cudaMemcpyDeviceToDevice, stream);
+    return cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, stream);
+  }
+
+  /// CUDA graph trees (torch.compile mode="reduce-overhead") checkpoint a pool after
+  /// each recording: the pool's live blocks.
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(DeviceIndex device, MempoolId_t id) override {
+    device_state& d = state(device);
+    std::lock_guard lock(d.m);
+    auto st = std::make_shared<pool_state>();
+    st->device = device;
+    st->id = id;
+    auto it = d.pools.find(id);
+    if (it != d.pools.end()) {
+      const pool* p = it->second.get();
+      live_.for_each([&](block* b) {
+        if (b->owner == p) st->blocks.emplace_back(b->ptr, b->size);
+      });
+    }
+    return st;
+  }
+
+  /// Sets a pool back to a checkpoint: blocks live now and not in it are freed; the
+  /// checkpoint's blocks are handed out again at their addresses, with new data
+  /// pointers. gmlake keeps a block that is live in both where it is (PyTorch's own
+  /// allocator frees and re-creates it at the same address: the same result).
+  cca::CheckpointDelta setCheckpointPoolState(DeviceIndex device, std::shared_ptr<cca::AllocatorState> s) override {
+    auto* st = dynamic_cast<pool_state*>(s.get());
+    TORCH_CHECK(st != nullptr, "gmlake: setCheckpointPoolState: not a gmlake checkpoint");
+    device_state& d = state(device);
+    std::unique_lock lock(d.m);
+    auto it = d.pools.find(st->id);
+    TORCH_CHECK(it != d.pools.end(), "gmlake: setCheckpointPoolState: unknown pool");
+    pool* p = it->second.get();
+    std::unordered_map<void*, std::size_t> keep(st->blocks.begin(), st->blocks.end());
+    std::vector<block*> stale;
+    std::size_t kept = 0;
+    live_.for_each([&](block* b) {
+      if (b->owner != p) return;
+      auto k = keep.find(b->ptr);
+      if (k != keep.end() && k->second == b->size) ++kept;
+      else stale.push_back(b);
+    });
+    TORCH_CHECK(kept == st->blocks.size(),
+                "gmlake: setCheckpointPoolState: a block of the checkpoint was freed since; gmlake cannot "
+                "hand out memory at a given address (", st->blocks.size() - kept, " of ", st->blocks.size(),
+                " blocks missing)");
+    cca::CheckpointDelta delta;
+    for (block* b : stale) {
+      delta.ptrs_freed.push_back(b->ptr);
+      live_.take(b->ptr);
+      d.stats.on_free(b->size);
+      give_back(d, b);
+    }
+    for (auto& [ptr, size] : st->blocks) {
+      delta.ptrs_freed.push_back(ptr);
+      delta.dataptrs_allocd.emplace_back(ptr, ptr, &free_raw, c10::Device(c10::DeviceType::CUDA, device));
+    }
+    return delta;
+  }
+
+  std::string name() override { return "gmlake"; }
+
+  // ---------------------------------------------------------------- gmlake's own
+
+  /// gmlake's statistics for device, summed over its allocator and graph pools.
+  gmlake::statistics gmlake_stats(DeviceIndex device) {
+    device_state& d = state(device);
+    std::lock_guard lock(d.m);
+    return totals(d);
+  }
+
+  gmlake::memory_breakdown breakdown(DeviceIndex device) {
+    device_state& d = state(device);
+    std::lock_guard lock(d.m);
+    return d.main->breakdown();
+  }
+
+  std::size_t pool_count(DeviceIndex device) {
+    device_state& d = state(device);
+    std::lock_guard lock(d.m);
+    return d.pools.size();
+  }
+
+  std::size_t chunk_size(DeviceIndex device) {
+    device_state& d = state(device);
+    std::lock_guard lock(d.m);
+    return d.main->chunk_size();
+  }
+
+  template <class F>
+  void visit_segments(DeviceIndex device, F f) {
+    device_state& d = state(device);
+    std::lock_guard lock(d.m);
+    d.main->visit_layout(f, [](const gmlake::layout_piece&) {});
+    for (auto& [id, p] : d.pools) p->alloc->visit_layout(f, [](const gmlake::layout_piece&) {});
+  }
+
+  static native_allocator& instance() {
+    static native_allocator* a = new native_allocator;  // never destroyed: tensors outlive static destructors
+    return *a;
+  }
+
+ private:
+  device_state& state(DeviceIndex device) {
+    if (!initialized_.load()) init(c10::cuda::device_count());
+    TORCH_CHECK(device >= 0 && static_cast<std::size_t>(device) < devices_.size(), "gmlake: no CUDA device ",
+                static_cast<int>(device));
+    device_state& d = *devices_[device];
+    if (!d.main) {
+      std::lock_guard lock(d.m);
+      if (!d.main) d.main = make_core(device, false);
+    }
+    return d;
+  }
+
+  /// The devices gmlake has an allocator on (none is made here: that would open a
+  /// context on every device).
+  template <class F>
+  void for_each_device(F f) {
+    if (!initialized_.load()) return;
+    for (auto& d : devices_)
+      if (d->main) f(*d);
+  }
+
+  static std::unique_ptr<core> make_core(DeviceIndex device, bool capture) {
+    gmlake::options opt;
+    opt.on_misuse = &on_misuse;
+    if (capture) opt.va_factor = 1;  // a graph pool reserves less address space
+    auto a = std::make_unique<core>(gmlake::backend::cuda_vmm(device), opt);
+    if (capture) a->set_capture_mode(true);
+    return a;
+  }
+
+  pool& pool_of(device_state& d, MempoolId_t id) {
+    auto& p = d.pools[id];
+    if (!p) {
+      p = std::make_unique<pool>();
+      p->id = id;
+      // Same device, same cap: the pool's backend shares the device allocator's limit.
+      p->alloc = make_core(static_cast<DeviceIndex>(d.main->backend().device()), true);
+      p->alloc->backend().set_limit(d.main->backend().limit());
+    }
+    return *p;
+  }
+
+  static gmlake::statistics totals(device_state& d) {
+    gmlake::statistics t = d.main->stats();
+    for (auto& [id, p] : d.pools) {
+      const gmlake::statistics s = p->alloc->stats();
+      for (auto [to, from] : {std::pair{&t.requested_bytes, &s.requested_bytes}, {&t.active_bytes, &s.active_bytes},
+                              {&t.reserved_bytes, &s.reserved_bytes}, {&t.mapped_bytes, &s.mapped_bytes},
+                              {&t.chunks, &s.chunks}, {&t.stitched_blocks, &s.stitched_blocks},
+                              {&t.allocations, &s.allocations}}) {
+        to->current += from->current;
+        to->peak += from->peak;  // a bound: pools' peaks need not coincide
+        to->allocated += from->allocated;
+        to->freed += from->freed;
+      }
+      for (std::size_t i = 0; i < t.fit.size(); ++i) t.fit[i] += s.fit[i];
+      for (std::size_t i = 0; i < t.calls.size(); ++i) t.calls[i] += s.calls[i];
+      t.cached_stitch_hits += s.cached_stitch_hits;
+      t.evictions += s.evictions;
+      t.num_alloc_retries += s.num_alloc_retries;
+      t.num_ooms += s.num_ooms;
+      t.invalid_frees += s.invalid_frees;
+      t.lent_bytes += s.lent_bytes;
+    }
+    return t;
+  }
+
+  static void copy(c10::CachingAllocator::Stat& to, const gmlake::stat& from) {
+    to.current = from.current;
+    to.peak = from.peak;
+    to.allocated = from.allocated;
+    to.freed = from.freed;
+  }
+
+  /// The reserved bytes by arena (small pool: the small arena), their peaks kept here.
+  static void sample_reserved(device_state& d) {
+    std::int64_t small = 0, large = 0;
+    std::size_t chunk = d.main->chunk_size();
+    auto add = [&](const core& a) {
+      const gmlake::memory_breakdown m = a.breakdown();
+      small += static_cast<std::int64_t>(m.small_reserved);
+      large += static_cast<std::int64_t>(m.large_reserved);
+    };
+    add(*d.main);
+    for (auto& [id, p] : d.pools) add(*p->alloc);
+    auto set = [](c10::CachingAllocator::Stat& s, std::int64_t v) {
+      if (v > s.current) s.allocated += v - s.current;
+      else s.freed += s.current - v;
+      s.current = v;
+      s.peak = std::max(s.peak, v);
+    };
+    set(d.reserved_small, small);
+    set(d.reserved_large, large);
+    set(d.segments_small, small / static_cast<std::int64_t>(chunk));
+    set(d.segments_large, large / static_cast<std::int64_t>(chunk));
+  }
+
+  // ---------------------------------------------------------------- allocate / free
+
+  block* make_block(DeviceIndex dev, std::size_t n, cudaStream_t s) {
+    std::shared_ptr<c10::GatheredContext> ctx;
+    if (record_.load() && record_when_ != cca::RecordContext::NEVER && context_recorder_) ctx = context_recorder_();
+    device_state& d = state(dev);
+    std::unique_lock lock(d.m);
+    const bool capturing = !d.captures.empty();
+    if (!capturing) settle_pending(d, false);
+    // Driver calls (cuMemCreate, cuMemMap) are allowed during a capture only in relaxed mode.
+    std::optional<c10::cuda::CUDAStreamCaptureModeGuard> relaxed;
+    if (capturing) relaxed.emplace(cudaStreamCaptureModeRelaxed);
+    pool* p = nullptr;
+    for (auto& [id, filter] : d.captures)
+      if (filter(s)) {
+        p = &pool_of(d, id);
+        break;
+      }
+    core& a = p ? *p->alloc : *d.main;
+    void* ptr = nullptr;
+    {
+      ptr = a.try_allocate(n, s);
+      if (ptr == nullptr && !capturing) {
+        // Last resort before out-of-memory: wait for every deferred free, release the
+        // memory of released graph pools and the cache, then try once more.
+        ++d.stats.num_alloc_retries;
+        settle_pending(d, true);
+        release_retired_pools(d);
+        d.main->release_cached();
+        ptr = a.try_allocate(n, s);
+      }
+    }
+    if (ptr == nullptr) {
+      ++d.stats.num_ooms;
+      std::string msg = oom_message(d, dev, n, a);
+      record_trace(d, cca::TraceEntry::OOM, dev, 0, n, s, p ? p->id : MempoolId_t{0, 0}, nullptr);
+      lock.unlock();
+      notify_oom(dev, n);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
+    }
+    auto* b = new block{ptr, n, s, dev, p, {}, std::move(ctx)};
+    if (p) ++p->live;
+    live_.insert(b);
+    d.stats.on_alloc(n);
+    record_trace(d, cca::TraceEntry::ALLOC, dev, reinterpret_cast<std::uintptr_t>(ptr), n, s,
+                 p ? p->id : MempoolId_t{0, 0}, b->context);
+    return b;
+  }
+
+  static void free_raw(void* p) {
+    if (p == nullptr) return;
+    native_allocator& self = instance();
+    block* b = self.live_.take(p);
+    if (b == nullptr) {
+      TORCH_WARN("gmlake: free of a pointer not allocated here (ignored): ", p);
+      return;
+    }
+    self.free(b);
+  }
+
+  void free(block* b) {
+    device_state& d = *devices_[b->device];
+    std::lock_guard lock(d.m);
+    d.stats.on_free(b->size);
+    record_trace(d, cca::TraceEntry::FREE_REQUESTED, b->device, reinterpret_cast<std::uintptr_t>(b->ptr), b->size,
+                 b->stream, b->owner ? b->owner->id : MempoolId_t{0, 0}, nullptr);
+    if (b->uses.empty()) return give_back(d, b);
+    if (!d.captures.empty()) {
+      d.deferred.push_back(b);  // events cannot be recorded on streams being captured
+      return;
+    }
+    wait_on_uses(d, b);
+  }
+
+  /// Records an event on each stream b was used on; b goes back once all completed.
+  void wait_on_uses(device_state& d, block* b) {
+    c10::cuda::CUDAGuard guard(b->device);
+    pending_free f{b, {}};
+    for (cudaStream_t s : b->uses) {
+      cudaEvent_t e;
+      if (!d.spare_events.empty()) {
+        e = d.spare_events.back();
+        d.spare_events.pop_back();
+      } else {
+        C10_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      }
+      C10_CUDA_CHECK(cudaEventRecord(e, s));
+      f.events.push_back(e);
+    }
+    d.pending.push_back(std::move(f));
+  }
+
+  /// Frees whose events completed go back to gmlake (all of them, waiting, if `wait`).
+  void settle_pending(device_state& d, bool wait) {
+    for (block* b : d.deferred) wait_on_uses(d, b);
+    d.deferred.clear();
+    while (!d.pending.empty()) {
+      pending_free& f = d.pending.front();
+      bool done = true;
+      for (cudaEvent_t e : f.events) {
+        if (wait) {
+          C10_CUDA_CHECK(cudaEventSynchronize(e));
+          continue;
+        }
+        const cudaError_t r = cudaEventQuery(e);
+        if (r == cudaErrorNotReady) {
+          (void)cudaGetLastError();
+          done = false;
+          break;
+        }
+        C10_CUDA_CHECK(r);
+      }
+      if (!done) break;  // in order: a later free's events were recorded later
+      for (cudaEvent_t e : f.events) d.spare_events.push_back(e);
+      block* b = f.b;
+      d.pending.pop_front();
+      give_back(d, b);
+    }
+    if (wait) ++d.stats.num_sync_all_streams;
+  }
+
+  void give_back(device_state& d, block* b) {
+    core& a = b->owner ? *b->owner->alloc : *d.main;
+    a.deallocate(b->ptr, b->size, b->stream);
+    record_trace(d, cca::TraceEntry::FREE_COMPLETED, b->device, reinterpret_cast<std::uintptr_t>(b->ptr), b->size,
+                 b->stream, b->owner ? b->owner->id : MempoolId_t{0, 0}, nullptr);
+    if (b->owner) --b->owner->live;
+    delete b;
+  }
+
+  /// Destroys the graph pools no graph uses and no live block is in. The device is
+  /// synchronised first: a replay may still be using their memory.
+  static void release_retired_pools(device_state& d) {
+    bool synced = false;
+    for (auto it = d.pools.begin(); it != d.pools.end();) {
+      pool& p = *it->second;
+      if (p.use_count > 0 || p.live > 0) {
+        ++it;
+        continue;
+      }
+      if (!synced) {
+        c10::cuda::CUDAGuard guard(static_cast<DeviceIndex>(d.main->backend().device()));
+        C10_CUDA_CHECK(cudaDeviceSynchronize());
+        synced = true;
+      }
+      p.alloc->set_capture_mode(false);
+      it = d.pools.erase(it);
+    }
+  }
+
+  std::string oom_message(device_state& d, DeviceIndex dev, std::size_t n, core& a) {
+    std::size_t free_b = 0, total_b = 0;
+    {
+      c10::cuda::CUDAGuard guard(dev);
+      if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
+    }
+    const gmlake::statistics g = totals(d);
+    const gmlake::memory_breakdown m = a.breakdown();
+    const std::int64_t allocated = d.stats.allocated_bytes[0].current;
+    const std::int64_t reserved = g.reserved_bytes.current;
+    std::string msg = "CUDA out of memory (gmlake). Tried to allocate " + format_size(n) + ". GPU " +
+                      std::to_string(dev) + " has a total capacity of " + format_size(total_b) + " of which " +
+                      format_size(free_b) + " is free. Of the allocated memory " + format_size(allocated) +
+                      " is allocated by PyTorch, and " + format_size(reserved > allocated ? reserved - allocated : 0) +
+                      " is reserved by gmlake but unallocated; " + format_size(m.cached_stitch_bytes) + " is in " +
+                      std::to_string(m.cached_stitches) + " cached stitched blocks and " +
+                      std::to_string(g.stitched_blocks.current) + " stitched blocks are mapped.";
+    const std::size_t limit = d.main->backend().limit();
+    if (limit < d.main->backend().capacity())
+      msg += " The memory fraction caps gmlake at " + format_size(limit) + ".";
+    return msg;
+  }
+
+  void notify_oom(DeviceIndex dev, std::size_t n) {
+    std::vector<cca::OutOfMemoryObserver> obs;
+    {
+      std::lock_guard lock(history_mutex_);
+      obs = oom_observers_;
+    }
+    if (obs.empty()) return;
+    std::size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
+    const std::int64_t allocated = gmlake_stats(dev).reserved_bytes.current;
+    for (auto& o : obs) o(dev, static_cast<std::size_t>(allocated), total_b, free_b);
+    (void)n;
+  }
+
+  void record_trace(device_state& d, cca::TraceEntry::Action action, DeviceIndex dev, std::uintptr_t addr,
+                    std::size_t n, cudaStream_t s, MempoolId_t pool_id, std::shared_ptr<c10::GatheredContext> ctx) {
+    if (!record_.load() && trackers_.empty()) return;
+    cca::TraceEntry e(action, dev, addr, n, s, pool_id, c10::getApproximateTime(),
+                      record_when_ >= cca::RecordContext::ALLOC ? std::move(ctx) : nullptr);
+    for (auto& t : trackers_) t(e);
+    if (!record_.load()) return;
+    if (d.trace.size() < max_entries_) {
+      d.trace.push_back(std::move(e));
+    } else {
+      d.trace[d.trace_next] = std::move(e);
+      d.trace_next = (d.trace_next + 1) % max_entries_;
+    }
+  }
+
+  friend cca::SnapshotInfo snapshot_of(native_allocator&, MempoolId_t, bool);
+
+  std::mutex init_mutex_;
+  std::atomic<bool> initialized_{false};
+  std::vector<std::unique_ptr<device_state>> devices_;
+  block_map live_;
+
+  std::mutex history_mutex_;
+  std::atomic<bool> record_{false};
+  cca::CreateContextFn context_recorder_ = nullptr;
+  cca::RecordContext record_when_ = cca::RecordContext::NEVER;
+  std::size_t max_entries_ = 1;
+  std::vector<cca::OutOfMemoryObserver> oom_observers_;
+  std::vector<cca::AllocatorTraceTracker> trackers_;
+};
+
+}  // namespace
+
+namespace {
+
+/// The layout as memory_viz reads it: each arena handle and each stitched block a
+/// segment; in each, the live allocations, the pieces a stitched block maps (active,
+/// not allocated) and the free pieces, in address order.
+cca::SnapshotInfo snapshot_of(native_allocator& self, MempoolId_t only, bool include_traces) {
+  cca::SnapshotInfo info;
+  if (!self.initialized_.load()) return info;
+  for (std::size_t dev = 0; dev < self.devices_.size(); ++dev) {
+    device_state& d = *self.devices_[dev];
+    std::lock_guard lock(d.m);
+    if (!d.main) {
+      info.device_traces.emplace_back();
+      continue;
+    }
+    auto add_core = [&](const core& a, MempoolId_t id) {
+      if (only != MempoolId_t{0, 0} && only != id) return;
+      a.visit_layout(
+          [&](const gmlake::layout_segment& s) {
+            cca::SegmentInfo seg;
+            seg.device = static_cast<DeviceIndex>(dev);
+            seg.address = s.address;
+            seg.total_size = s.bytes;
+            seg.is_large = s.kind != gmlake::layout_segment::small_handle;
+            seg.is_expandable = false;
+            seg.owner_private_pool_id = id;
+            info.segments.push_back(std::move(seg));
+          },
+          [&](const gmlake::layout_piece& p) {
+            cca::SegmentInfo& seg = info.segments.back();
+            cca::BlockInfo b;
+            b.size = p.bytes;
+            if (p.state == gmlake::layout_piece::allocated) {
+              const block* live = self.live_.find(reinterpret_cast<void*>(p.address));
+              b.allocated = b.active = true;
+              if (live != nullptr) {
+                b.requested_size = live->size;
+                b.context_when_allocated = live->context;
+                seg.stream = live->stream;
+              } else {
+                b.requested_size = p.bytes;
+              }
+              seg.allocated_size += b.size;
+              seg.requested_size += b.requested_size;
+              seg.active_size += b.size;
+            } else if (p.state == gmlake::layout_piece::mapped_by_stitch) {
+              b.active = true;  // in use through a stitched block
+              seg.active_size += b.size;
+            }
+            seg.blocks.push_back(std::move(b));
+          });
+    };
+    add_core(*d.main, {0, 0});
+    for (auto& [id, p] : d.pools) add_core(*p->alloc, id);
+    std::vector<cca::TraceEntry> trace;
+    if (include_traces) {
+      trace.reserve(d.trace.size());
+      for (std::size_t i = 0; i < d.trace.size(); ++i) trace.push_back(d.trace[(d.trace_next + i) % d.trace.size()]);
+    }
+    info.device_traces.push_back(std::move(trace));
+  }
+  return info;
+}
+
+cca::SnapshotInfo native_allocator::snapshot(MempoolId_t mempool_id, bool include_traces) {
+  return snapshot_of(*this, mempool_id, include_traces);
+}
+
+/// PyTorch's CUDA allocator is swapped only before CUDA is initialised.
+void install() {
+  native_allocator& a = native_allocator::instance();
+  cca::CUDAAllocator* current = cca::allocator.load();
+  if (current == &a) return;
+  TORCH_CHECK(!current->initialized(),
+              "gmlake_torch.enable() must come before CUDA is initialised in this process "
+              "(before the first CUDA tensor or torch.cuda call that touches the device)");
+  // PyTorch's own way in (as torch.cuda.memory.change_current_allocator); the
+  // allocator is a static that is never destroyed, so the shared_ptr owns nothing.
+  torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(
+      std::shared_ptr<cca::CUDAAllocator>(&a, [](cca::CUDAAllocator*) {}));
+}
+
+bool installed() { return cca::allocator.load() == &native_allocator::instance(); }
+
+pybind11::dict stats_dict(int device) {
+  native_allocator& a = native_allocator::instance();
+  const gmlake::statistics s = a.gmlake_stats(static_cast<DeviceIndex>(device));
+  pybind11::dict r;
+  auto gauge = [&](const char* name, const gmlake::stat& g) {
+    r[(std::string(name) + ".current").c_str()] = g.current;
+    r[(std::string(name) + ".peak").c_str()] = g.peak;
+    r[(std::string(name) + ".allocated").c_str()] = g.allocated;
+    r[(std::string(name) + ".freed").c_str()] = g.freed;
+  };
+  gauge("gmlake.mapped_bytes", s.mapped_bytes);
+  gauge("gmlake.chunks", s.chunks);
+  gauge("gmlake.stitched_blocks", s.stitched_blocks);
+  static constexpr const char* fits[] = {"s1_exact", "s2_split", "s3_stitch", "s4_shortfall", "s5_oom"};
+  for (std::size_t i = 0; i < gmlake::fit_state_count; ++i) r[(std::string("gmlake.fit.") + fits[i]).c_str()] = s.fit[i];
+  for (std::size_t i = 0; i < gmlake::call_count; ++i)
+    r[(std::string("gmlake.driver_calls.") + gmlake::call_names[i]).c_str()] = s.calls[i];
+  r["gmlake.cached_stitch_hits"] = s.cached_stitch_hits;
+  r["gmlake.evictions"] = s.evictions;
+  r["gmlake.invalid_frees"] = s.invalid_frees;
+  r["gmlake.lent_bytes"] = s.lent_bytes;
+  r["gmlake.chunk_bytes"] = a.chunk_size(static_cast<DeviceIndex>(device));
+  r["gmlake.graph_pools"] = a.pool_count(static_cast<DeviceIndex>(device));
+  const gmlake::memory_breakdown m = a.breakdown(static_cast<DeviceIndex>(device));
+  r["gmlake.breakdown.small_reserved"] = m.small_reserved;
+  r["gmlake.breakdown.small_free"] = m.small_free;
+  r["gmlake.breakdown.large_reserved"] = m.large_reserved;
+  r["gmlake.breakdown.large_free_whole"] = m.large_free_whole;
+  r["gmlake.breakdown.large_free_partial"] = m.large_free_partial;
+  r["gmlake.breakdown.free_pending"] = m.free_pending;
+  r["gmlake.breakdown.cached_stitches"] = m.cached_stitches;
+  r["gmlake.breakdown.cached_stitch_bytes"] = m.cached_stitch_bytes;
+  return r;
+}
+
+/// Segment address -> "small", "large" or "stitched", for the layout picture.
+pybind11::dict segment_kinds(int device) {
+  pybind11::dict r;
+  native_allocator::instance().visit_segments(static_cast<DeviceIndex>(device), [&](const gmlake::layout_segment& s) {
+    static constexpr const char* names[] = {"small", "large", "stitched"};
+    r[pybind11::int_(s.address)] = names[static_cast<int>(s.kind)];
+  });
+  return r;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_gmlake_torch, m) {
+  m.doc() = "gmlake as PyTorch's CUDA allocator (c10 CUDAAllocator); use through gmlake_torch";
+  m.def("install", &install, "Makes gmlake PyTorch's CUDA allocator (before CUDA is initialised).");
+  m.def("installed", &installed, "Whether gmlake is PyTorch's CUDA allocator.");
+  m.def("segment_kinds", &segment_kinds, pybind11::arg("device"),
+        "Address of each segment of torch.cuda.memory._snapshot() -> small, large or stitched.");
+  m.def("stats", &stats_dict, pybind11::arg("device"), "gmlake's own statistics for a device (extra keys).");
+}

@@ -1,0 +1,324 @@
+#!/usr/bin/env python3
+"""gmlake as PyTorch's own CUDA allocator, checked against PyTorch's native one.
+
+    python3 tests/cuda/test_torch.py [OUT_DIR]
+
+Runs the same checks twice, each in a fresh process (an allocator is chosen once per
+process): with PyTorch's native caching allocator, then with gmlake installed by
+gmlake_torch.enable() (the _gmlake_torch extension must be importable: pip install
+--no-build-isolation ./examples/torch). Prints one line per check and allocator and
+exits 0 when every check passed under gmlake and gave the same result as under the
+native allocator, 1 otherwise, 77 (skip) without torch or a GPU. OUT_DIR receives
+the memory snapshot (pickle, for https://pytorch.org/memory_viz) and the layout picture.
+
+The checks: torch.cuda memory statistics calls; empty_cache;
+set_per_process_memory_fraction with the out-of-memory error; record_stream; CUDA
+graphs under torch.cuda.graph (intermediates freed in the capture, tensors made after
+it untouched by replay), with two graphs sharing a pool, make_graphed_callables and
+torch.compile(mode="reduce-overhead"); memory history and snapshots.
+"""
+import json
+import os
+import subprocess
+import sys
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "examples", "torch"))
+
+MiB = 1 << 20
+
+
+def checks(allocator, out_dir):
+    import torch
+
+    if allocator == "gmlake":
+        import gmlake_torch
+        assert gmlake_torch.enable(native=True) == "native"
+    results = {}
+
+    def check(name):
+        def wrap(fn):
+            try:
+                value = fn()
+                results[name] = {"ok": True, "value": value}
+            except Exception as e:  # a failed check is a result, not a crash
+                results[name] = {"ok": False, "error": f"{type(e).__name__}: {e}",
+                                 "trace": traceback.format_exc(limit=4)}
+            return fn
+        return wrap
+
+    dev = torch.device("cuda", 0)
+    torch.cuda.init()
+
+    @check("stats")
+    def _():
+        base = torch.cuda.memory_allocated()
+        x = torch.empty(10 * MiB, dtype=torch.uint8, device=dev)
+        grown = torch.cuda.memory_allocated() - base
+        assert grown >= 10 * MiB, grown
+        assert torch.cuda.memory_reserved() >= torch.cuda.memory_allocated()
+        assert torch.cuda.max_memory_allocated() >= torch.cuda.memory_allocated()
+        s = torch.cuda.memory_stats()
+        for k in ("allocated_bytes.all.current", "allocated_bytes.small_pool.current",
+                  "allocated_bytes.large_pool.current", "reserved_bytes.all.peak",
+                  "reserved_bytes.large_pool.current", "segment.all.current", "num_ooms",
+                  "requested_bytes.all.current", "active_bytes.all.peak", "allocation.all.allocated"):
+            assert k in s, k
+        assert s["allocated_bytes.large_pool.current"] >= 10 * MiB
+        small = torch.empty(1000, dtype=torch.uint8, device=dev)
+        assert torch.cuda.memory_stats()["allocation.small_pool.current"] >= 1
+        del x, small
+        torch.cuda.reset_peak_memory_stats()
+        assert torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated()
+        summary = torch.cuda.memory_summary()
+        assert "Allocated memory" in summary
+        return {"keys": sorted(k for k in s if not k.startswith("gmlake.")), "grown_ok": True}
+
+    @check("empty_cache")
+    def _():
+        xs = [torch.empty(64 * MiB, dtype=torch.uint8, device=dev) for _ in range(4)]
+        del xs
+        before = torch.cuda.memory_reserved()
+        torch.cuda.empty_cache()
+        after = torch.cuda.memory_reserved()
+        assert after < before, (before, after)
+        return {"released": True}
+
+    @check("memory_fraction_oom")
+    def _():
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(0.05, 0)
+        try:
+            ooms = torch.cuda.memory_stats().get("num_ooms", 0)
+            try:
+                torch.empty(int(total * 0.10), dtype=torch.uint8, device=dev)
+                raise AssertionError("no OutOfMemoryError above the fraction")
+            except torch.cuda.OutOfMemoryError as e:
+                msg = str(e)
+            assert "Tried to allocate" in msg, msg
+            assert torch.cuda.memory_stats()["num_ooms"] == ooms + 1
+            y = torch.ones(int(total * 0.02) // 4, device=dev)  # within the cap: fine
+            assert float(y[-1]) == 1.0
+            del y
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0, 0)
+        return {"oom_raised": True, "message": msg[:400]}
+
+    @check("record_stream")
+    def _():
+        n = 16 * MiB // 4
+        side = torch.cuda.Stream()
+        x = torch.zeros(n, device=dev)
+        torch.cuda.synchronize()
+        old = x.data_ptr()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(200_000_000)  # keeps the side stream busy (~0.1 s)
+            x.fill_(1.0)                    # runs after the sleep
+        x.record_stream(side)
+        del x
+        y = torch.full((n,), 2.0, device=dev)  # on the default stream, at once
+        reused = y.data_ptr() == old
+        torch.cuda.synchronize()
+        intact = bool((y == 2.0).all())
+        assert intact, "a block freed with record_stream was reused before the side stream finished"
+        return {"intact": intact, "reused_while_pending": reused}
+
+    def f(x, w1, w2):
+        a = x @ w1
+        b = torch.relu(a)
+        del a
+        return b @ w2
+
+    @check("graph")
+    def _():
+        torch.manual_seed(0)
+        x = torch.randn(512, 1024, device=dev)
+        w1 = torch.randn(1024, 4096, device=dev)
+        w2 = torch.randn(4096, 256, device=dev)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                f(x, w1, w2)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = f(x, w1, w2)
+        # tensors of the intermediates' size, made after the capture
+        fillers = [torch.full((512, 4096), 7.0, device=dev) for _ in range(4)]
+        x.copy_(torch.randn(512, 1024, device=dev))
+        g.replay()
+        torch.cuda.synchronize()
+        expect = f(x, w1, w2)
+        assert torch.equal(out, expect), "replay differs from eager"
+        assert all(bool((t == 7.0).all()) for t in fillers), "replay wrote into tensors made after capture"
+        del g, out, fillers
+        return {"replay_equal": True, "fillers_intact": True}
+
+    @check("graph_shared_pool")
+    def _():
+        torch.manual_seed(1)
+        x = torch.randn(256, 1024, device=dev)
+        w1 = torch.randn(1024, 2048, device=dev)
+        w2 = torch.randn(2048, 512, device=dev)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            f(x, w1, w2)
+        torch.cuda.current_stream().wait_stream(s)
+        pool = torch.cuda.graph_pool_handle()
+        g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g1, pool=pool):
+            out1 = f(x, w1, w2)
+        with torch.cuda.graph(g2, pool=pool):
+            out2 = f(out1 @ w2.t(), w1, w2)
+        fillers = [torch.full((256, 2048), 5.0, device=dev) for _ in range(4)]
+        x.copy_(torch.randn(256, 1024, device=dev))
+        g1.replay()
+        g2.replay()
+        torch.cuda.synchronize()
+        e1 = f(x, w1, w2)
+        e2 = f(e1 @ w2.t(), w1, w2)
+        assert torch.equal(out1, e1) and torch.equal(out2, e2), "shared-pool replays differ from eager"
+        assert all(bool((t == 5.0).all()) for t in fillers), "replay wrote into tensors made after capture"
+        reserved_with_graphs = torch.cuda.memory_reserved()
+        del g1, g2, out1, out2
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        released = torch.cuda.memory_reserved() < reserved_with_graphs
+        assert released, "the pool's memory was not released after its graphs were destroyed"
+        return {"replay_equal": True, "fillers_intact": True, "pool_released": released}
+
+    @check("make_graphed_callables")
+    def _():
+        torch.manual_seed(2)
+        model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).to(dev)
+        eager = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).to(dev)
+        eager.load_state_dict(model.state_dict())
+        sample = torch.randn(64, 512, device=dev, requires_grad=True)
+        graphed = torch.cuda.make_graphed_callables(model, (sample,))
+        ok = True
+        for step in range(3):
+            inp = torch.randn(64, 512, device=dev, requires_grad=True)
+            inp2 = inp.detach().clone().requires_grad_(True)
+            filler = torch.full((64, 1024), 3.0, device=dev)
+            y = graphed(inp)
+            y.sum().backward()
+            ye = eager(inp2)
+            ye.sum().backward()
+            torch.cuda.synchronize()
+            ok &= torch.allclose(y, ye, rtol=1e-4, atol=1e-4) and torch.allclose(inp.grad, inp2.grad, rtol=1e-4, atol=1e-4)
+            ok &= bool((filler == 3.0).all())
+        assert ok, "graphed callable differs from eager"
+        return {"equal": bool(ok)}
+
+    @check("compile_reduce_overhead")
+    def _():
+        torch.manual_seed(3)
+        x = torch.randn(512, 1024, device=dev)
+        w1 = torch.randn(1024, 4096, device=dev)
+        w2 = torch.randn(4096, 256, device=dev)
+        cf = torch.compile(f, mode="reduce-overhead")
+        outs_ok = True
+        fillers = []
+        for i in range(5):
+            xi = torch.randn(512, 1024, device=dev)
+            y = cf(xi, w1, w2).clone()
+            fillers.append(torch.full((512, 4096), float(i), device=dev))
+            outs_ok &= torch.allclose(y, f(xi, w1, w2), rtol=1e-3, atol=1e-2)
+        torch.cuda.synchronize()
+        intact = all(bool((t == float(i)).all()) for i, t in enumerate(fillers))
+        assert outs_ok, "compiled (reduce-overhead) output differs from eager"
+        assert intact, "a replay wrote into tensors made after capture"
+        return {"equal": bool(outs_ok), "fillers_intact": intact}
+
+    @check("snapshot")
+    def _():
+        torch.cuda.memory._record_memory_history(max_entries=10000)
+        keep = [torch.empty(n * MiB, dtype=torch.uint8, device=dev) for n in (1, 3, 40, 90)]
+        tmp = torch.empty(2 * MiB, dtype=torch.uint8, device=dev)
+        del tmp
+        snap = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        segs = snap["segments"]
+        assert segs, "no segments"
+        sizes = {b["size"] for s in segs for b in s["blocks"] if b["state"] == "active_allocated"}
+        assert 40 * MiB in sizes and 90 * MiB in sizes, sorted(sizes)[:20]
+        for s in segs:
+            assert sum(b["size"] for b in s["blocks"]) == s["total_size"], "blocks do not tile their segment"
+        actions = {e["action"] for t in snap["device_traces"] for e in t}
+        assert {"alloc", "free_requested"} <= actions, actions
+        frames = any(e.get("frames") for t in snap["device_traces"] for e in t if e["action"] == "alloc")
+        import pickle
+        with open(os.path.join(out_dir, f"snapshot-{allocator}.pickle"), "wb") as fh:
+            pickle.dump(snap, fh)
+        if allocator == "gmlake":
+            import gmlake_torch
+            gmlake_torch.plot_layout(os.path.join(out_dir, "gmlake-layout.png"), snapshot=snap)
+        del keep
+        return {"segments": len(segs), "actions": sorted(actions), "frames": bool(frames)}
+
+    if allocator == "gmlake":
+        import gmlake_torch
+        extra = {k: v for k, v in gmlake_torch.memory_stats().items() if k.startswith("gmlake.")}
+        results["gmlake_extra_keys"] = {"ok": len(extra) > 10, "value": sorted(extra)[:8]}
+    return results
+
+
+def child(allocator, out_dir, result_path):
+    res = checks(allocator, out_dir)
+    with open(result_path, "w") as fh:
+        json.dump(res, fh, indent=1, default=str)
+
+
+def main():
+    try:
+        import torch
+    except ImportError:
+        print("SKIP: no torch")
+        return 77
+    if not torch.cuda.is_available():
+        print("SKIP: no CUDA device")
+        return 77
+    out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "torch-test")
+    os.makedirs(out_dir, exist_ok=True)
+    runs = {}
+    for allocator in ("native", "gmlake"):
+        path = os.path.join(out_dir, f"checks-{allocator}.json")
+        r = subprocess.run([sys.executable, __file__, "--child", allocator, out_dir, path])
+        if r.returncode != 0 or not os.path.exists(path):
+            print(f"FAIL {allocator}: the check process ended with {r.returncode}")
+            runs[allocator] = {}
+            continue
+        with open(path) as fh:
+            runs[allocator] = json.load(fh)
+    failed = 0
+    names = list(dict.fromkeys(list(runs.get("native", {})) + list(runs.get("gmlake", {}))))
+    for name in names:
+        n, g = runs.get("native", {}).get(name), runs.get("gmlake", {}).get(name)
+        ok = g is not None and g["ok"]
+        if name == "stats" and ok and n and n["ok"]:
+            missing = set(n["value"]["keys"]) - set(g["value"]["keys"])
+            if missing:
+                ok = False
+                g = {**g, "error": f"keys missing under gmlake: {sorted(missing)[:10]}"}
+        native = "-" if n is None else ("pass" if n["ok"] else "fail: " + n.get("error", ""))
+        line = f"{'PASS' if ok else 'FAIL'} {name}: gmlake {'pass' if g and g['ok'] else 'fail'}; native {native}"
+        if g and not ok:
+            line += "\n    " + g.get("error", "") + "\n    " + g.get("trace", "").replace("\n", "\n    ")
+        elif g and g["ok"]:
+            line += f"\n    {json.dumps(g['value'])[:300]}"
+        print(line)
+        failed += not ok
+    print(f"{len(names) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3], sys.argv[4])
+    else:
+        sys.exit(main())
