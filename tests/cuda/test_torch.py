@@ -126,6 +126,9 @@ def checks(allocator, out_dir):
         assert intact, "a block freed with record_stream was reused before the side stream finished"
         return {"intact": intact, "reused_while_pending": reused}
 
+    def close(a, b):
+        return torch.allclose(a, b, rtol=1e-4, atol=1e-3)
+
     def f(x, w1, w2):
         a = x @ w1
         b = torch.relu(a)
@@ -153,7 +156,7 @@ def checks(allocator, out_dir):
         g.replay()
         torch.cuda.synchronize()
         expect = f(x, w1, w2)
-        assert torch.equal(out, expect), "replay differs from eager"
+        assert close(out, expect), "replay differs from eager"
         assert all(bool((t == 7.0).all()) for t in fillers), "replay wrote into tensors made after capture"
         del g, out, fillers
         return {"replay_equal": True, "fillers_intact": True}
@@ -164,6 +167,7 @@ def checks(allocator, out_dir):
         x = torch.randn(256, 1024, device=dev)
         w1 = torch.randn(1024, 2048, device=dev)
         w2 = torch.randn(2048, 512, device=dev)
+        w4 = torch.randn(512, 1024, device=dev)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
@@ -174,15 +178,15 @@ def checks(allocator, out_dir):
         with torch.cuda.graph(g1, pool=pool):
             out1 = f(x, w1, w2)
         with torch.cuda.graph(g2, pool=pool):
-            out2 = f(out1 @ w2.t(), w1, w2)
+            out2 = f(out1 @ w4, w1, w2)
         fillers = [torch.full((256, 2048), 5.0, device=dev) for _ in range(4)]
         x.copy_(torch.randn(256, 1024, device=dev))
         g1.replay()
         g2.replay()
         torch.cuda.synchronize()
         e1 = f(x, w1, w2)
-        e2 = f(e1 @ w2.t(), w1, w2)
-        assert torch.equal(out1, e1) and torch.equal(out2, e2), "shared-pool replays differ from eager"
+        e2 = f(e1 @ w4, w1, w2)
+        assert close(out1, e1) and close(out2, e2), "shared-pool replays differ from eager"
         assert all(bool((t == 5.0).all()) for t in fillers), "replay wrote into tensors made after capture"
         reserved_with_graphs = torch.cuda.memory_reserved()
         del g1, g2, out1, out2
