@@ -446,11 +446,10 @@ TEST_CASE("stream-ordered reuse") {
   CHECK(!a.backend().pending(2));
 }
 
-// BUG: growth merges the new chunks with an adjacent free range that is still pending
-// on another stream, and the block is carved at the start of the merged range: here
-// allocate(C, stream 2) returns p, freed on stream 1 whose work is still pending.
-// (place -> arena::grow -> populate -> release(fresh, {}) -> settle merges with the
-// pending neighbour, stream_table::merge keeps the pending tag; take() carves at its start.)
+// Regression: growth merges the new chunks with an adjacent free range that may still
+// be pending on another stream; the request must then be placed in the new bytes
+// only (basic_allocator::place takes them at `fresh`), never at the start of the
+// merged range, which here would be p, freed on stream 1 whose work is pending.
 TEST_CASE("stream order: growth next to a range pending on another stream") {
   gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), opts(), one_slot());
   a.backend().set_auto_complete(false);
@@ -567,9 +566,8 @@ TEST_CASE("misuse: a stitched block freed twice") {
   gmlake_test::check_released(a, 1);
 }
 
-// BUG: try_allocate raises alignment < 512 to 512 before checking that it is a power
-// of two, so a non-power-of-two alignment such as 3 or 100 is served, against the
-// contract ("an alignment that is not a power of two ... gives nullptr").
+// Regression: an alignment below 512 is raised to 512 only after the power-of-two
+// check, so 3 or 100 gives nullptr as the contract says.
 TEST_CASE("an alignment that is not a power of two gives nullptr, also below 512") {
   gmlake::gmlake_allocator<simulated> a(simulated(cap, C), opts(), one_slot());
   void* p = a.try_allocate(100, {}, 3);
