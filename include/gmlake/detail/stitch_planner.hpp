@@ -5,7 +5,7 @@
 // The allocator offers the large arena's usable free ranges, largest first, each as
 // a stitch_source (its bytes before, of and after whole chunks). A range with whole
 // chunks is a candidate for the StitchPolicy to select from; one with none may give
-// an edge (stitch_edge_min): free bytes at a chunk boundary that can open or close
+// an edge (the policy's edge_min()): free bytes at a chunk boundary that can open or close
 // a stitch. Where chunks end is asked of a chunk_ends function, the only thing the
 // planner needs to know of the arena.
 //
