@@ -18,7 +18,7 @@
 //
 // Bad input, defined: 0 bytes is served as 1 byte (a distinct pointer); a request
 // larger than the backend's capacity fails at once (nullptr / out_of_memory);
-// an alignment that is not a power of two or exceeds the chunk granularity gives
+// an alignment that is not a power of two or exceeds chunk_size() gives
 // nullptr (bad_alignment at the std::pmr edge); freeing a pointer that is not live
 // here (double or foreign free) changes nothing, counts in stats().invalid_frees
 // and calls options::on_misuse (default: abort with a message when GMLAKE_DEBUG >= 1).

@@ -104,8 +104,6 @@ class arena {
   // ------------------------------------------------------------ lookup
 
   [[nodiscard]] bool contains(std::uintptr_t p) const noexcept { return p - base_ < size_; }
-  [[nodiscard]] std::uintptr_t base() const noexcept { return base_; }
-  [[nodiscard]] const free_index& free_ranges() const noexcept { return free_; }
   [[nodiscard]] std::size_t free_count() const noexcept { return free_.size(); }
 
   /// The range that starts at p, or nullptr.
