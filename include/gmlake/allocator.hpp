@@ -99,6 +99,9 @@ class basic_allocator {
   /// through on_misuse when there are any).
   ~basic_allocator() {
     if (stats_.allocations.current != 0) misuse("allocator destroyed with live allocations", nullptr);
+    capture_ = false;
+    streams_.set_hold(false);
+    pool_.set_hold(false);
     (void)streams_.wait_all();
     pool_.close();
     small_.close();
@@ -160,6 +163,52 @@ class basic_allocator {
     s.calls = driver_.counts().calls;
     return s;
   }
+  /// @brief Capture mode, for CUDA graph capture: while on, the allocator makes no
+  ///        call that records, queries or waits on an event and releases no memory
+  ///        (no unmap, no release, no eviction, no lending between arenas, no release
+  ///        and retry before out-of-memory). Memory freed on another stream is not
+  ///        reused until the mode is off; requests grow the reserve instead.
+  void set_capture_mode(bool on) noexcept {
+    std::lock_guard lock(mutex_);
+    capture_ = on;
+    streams_.set_hold(on);
+    pool_.set_hold(on);
+  }
+  [[nodiscard]] bool capture_mode() const noexcept {
+    std::lock_guard lock(mutex_);
+    return capture_;
+  }
+
+  /// @brief Walks the layout, for memory snapshots: `on_segment(layout_segment)` for
+  ///        each chunk of the arenas (small, then large) and each stitched block,
+  ///        each followed by `on_piece(layout_piece)` for its pieces in address
+  ///        order (a chunk's pieces tile it; a stitched block's are its allocation,
+  ///        if in use, and the rest of its mapping).
+  template <class OnSegment, class OnPiece>
+  void visit_layout(OnSegment&& on_segment, OnPiece&& on_piece) const {
+    std::lock_guard lock(mutex_);
+    for (const arena_type* a : {&small_, &large_}) {
+      const auto kind = a == &small_ ? layout_segment::small_chunk : layout_segment::large_chunk;
+      a->visit_chunks([&](std::uintptr_t at, std::size_t bytes) { on_segment(layout_segment{at, bytes, kind}); },
+                      [&](const range& r, std::uintptr_t at, std::size_t bytes) {
+                        layout_piece::state_type st = layout_piece::free;
+                        if (r.state == detail::range_state::used)
+                          st = r.owner != nullptr ? layout_piece::mapped_by_stitch : layout_piece::allocated;
+                        on_piece(layout_piece{at, bytes, st});
+                      });
+    }
+    pool_.visit([&](const stitch_block& b) {
+      on_segment(layout_segment{b.va, b.mapped, layout_segment::stitched});
+      std::size_t at = 0;
+      if (b.in_use) {
+        if (b.pointer > b.va) on_piece(layout_piece{b.va, b.pointer - b.va, layout_piece::free});
+        on_piece(layout_piece{b.pointer, b.active, layout_piece::allocated});
+        at = b.pointer - b.va + b.active;
+      }
+      if (at < b.mapped) on_piece(layout_piece{b.va + at, b.mapped - at, layout_piece::free});
+    });
+  }
+
   void reset_peaks() noexcept {
     std::lock_guard lock(mutex_);
     for (stat* s : {&stats_.requested_bytes, &stats_.active_bytes, &stats_.allocations, &held_.reserved,
@@ -246,6 +295,7 @@ class basic_allocator {
         return p;
       }
       if (attempt == 0) {  // S5: release the cache, retry once
+        if (capture_) break;  // nothing may be released now
         ++stats_.num_alloc_retries;
         (void)release_cached_locked();
       }
@@ -380,6 +430,7 @@ class basic_allocator {
   /// free chunks as the stitch policy's lending says, so that bytes move to where
   /// they are needed instead of adding up.
   void lend_before_growth(bool small, std::size_t size) noexcept {
+    if (capture_) return;
     const lending l = stitch_.lends();
     const std::int64_t now = held_.reserved.current, peak = held_.reserved.peak;
     if (small && l.to_small && now + static_cast<std::int64_t>(slot_) > peak) {
@@ -437,6 +488,7 @@ class basic_allocator {
   }
 
   std::size_t release_cached_locked() noexcept {
+    if (capture_) return 0;
     pool_.unmap_cached();
     (void)streams_.wait_all();
     small_.coalesce_all();
@@ -466,6 +518,7 @@ class basic_allocator {
   [[no_unique_address]] Evict evict_;
   [[no_unique_address]] Fit fit_;
   std::size_t slot_;
+  bool capture_ = false;  // set_capture_mode
   statistics stats_;      // the request side; the footprint and the calls are added by stats()
   detail::footprint held_;
   detail::node_pool<range> nodes_;

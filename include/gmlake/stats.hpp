@@ -63,6 +63,21 @@ struct statistics {
   std::uint64_t lent_bytes = 0;          ///< free chunk bytes released to let the other arena grow
 };
 
+/// One segment of the layout (basic_allocator::visit_layout): a chunk of an arena,
+/// or a stitched block's mapping.
+struct layout_segment {
+  std::uintptr_t address = 0;
+  std::size_t bytes = 0;
+  enum kind_type : unsigned char { small_chunk, large_chunk, stitched } kind = large_chunk;
+};
+
+/// One piece of a segment: an allocation, arena bytes a stitched block maps, or free.
+struct layout_piece {
+  std::uintptr_t address = 0;
+  std::size_t bytes = 0;
+  enum state_type : unsigned char { free, allocated, mapped_by_stitch } state = free;
+};
+
 /// Where the reserved bytes are at one moment (basic_allocator::breakdown()):
 /// reserved = small_reserved + large_reserved; each arena's reserved bytes are its
 /// used bytes plus its free bytes. Used bytes hold the live requests plus the

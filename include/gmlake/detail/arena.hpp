@@ -368,6 +368,25 @@ class arena {
   }
 
 
+  /// Calls on_chunk(addr, bytes) for each mapped chunk in address order, then
+  /// on_piece(range) for each range within it, clipped to the chunk (a range may
+  /// span chunks); the pieces tile the chunk.
+  template <class OnChunk, class OnPiece>
+  void visit_chunks(OnChunk&& on_chunk, OnPiece&& on_piece) const {
+    if (size_ == 0) return;
+    auto it = address_.begin();
+    for (std::size_t i = 0; i < slots_.size(); i += slots_[i].count ? slots_[i].count : 1) {
+      if (!slots_[i].mapped || slots_[i].first != i) continue;
+      const std::uintptr_t lo = base_ + i * slot_, hi = lo + slots_[i].count * slot_;
+      on_chunk(lo, hi - lo);
+      while (it != address_.end() && it->end() <= lo) ++it;
+      for (auto r = it; r != address_.end() && r->addr < hi; ++r) {
+        const std::uintptr_t a = std::max(r->addr, lo);
+        on_piece(*r, a, std::min(r->end(), hi) - a);
+      }
+    }
+  }
+
   /// Every stated property of the tiling, the indexes and the slots.
   [[nodiscard]] bool check(std::size_t& reserved, std::size_t& used, std::size_t& live) const noexcept {
     if (size_ == 0) return true;

@@ -54,6 +54,11 @@ class stitch_pool {
   }
   [[nodiscard]] std::size_t cached_count() const noexcept { return lru_.size(); }
   [[nodiscard]] std::size_t cached_bytes() const noexcept { return cached_bytes_; }
+  /// Calls f(block) for each stitched block, in address order of its pointer.
+  template <class F>
+  void visit(F&& f) const {
+    for (const stitch_block& b : by_pointer_) f(b);
+  }
 
   // ------------------------------------------------------------ build and claim
 
@@ -155,6 +160,9 @@ class stitch_pool {
     b.tag = tag;
     cache(b);
   }
+
+  /// While held (capture mode), nothing is unmapped: blocks stay cached.
+  void set_hold(bool on) noexcept { hold_ = on; }
 
   /// A block just built that could not be claimed: unmapped, or cached if it
   /// cannot be now (release_cached() retries).
@@ -270,7 +278,7 @@ class stitch_pool {
   /// Unmaps b and frees its reservation, after its stream work is done. `force`:
   /// also a block in use, and whatever the backend says (the allocator is going away).
   bool unmap(stitch_block& b, bool force) noexcept {
-    if (b.in_use && !force) return false;
+    if ((b.in_use || hold_) && !force) return false;
     if (!b.in_use && !streams_.wait(b.tag) && !force) return false;  // force: going away, no retry
     if (backend_.unmap(b.va, b.mapped) != errc::ok && !force) return false;
     (void)backend_.address_free(b.va, b.mapped);
@@ -296,6 +304,7 @@ class stitch_pool {
   stitch_lru lru_;
   std::size_t cached_bytes_ = 0;
   std::uint64_t clock_ = 0;
+  bool hold_ = false;
 };
 
 } // namespace gmlake::detail

@@ -65,6 +65,7 @@ class stream_table {
   /// an event on t's stream.
   [[nodiscard]] bool usable(stream_tag t, std::uint32_t i) noexcept {
     if (t.stream == i || known_done(t)) return true;
+    if (hold_) return false;
     entry& e = entries_[t.stream];
     if (!e.has_event || e.event_seq < t.seq) {
       if (!record(e)) return false;
@@ -78,6 +79,7 @@ class stream_table {
   /// Waits until the work before tag t's free is done. False on a backend failure.
   [[nodiscard]] bool wait(stream_tag t) noexcept {
     if (known_done(t)) return true;
+    if (hold_) return false;
     entry& e = entries_[t.stream];
     if (!e.has_event || e.event_seq < t.seq) {
       if (!record(e)) return false;
@@ -86,6 +88,10 @@ class stream_table {
     complete(e);
     return true;
   }
+
+  /// While held, no event is recorded, queried or waited on: work on another stream
+  /// counts as pending unless already known done (CUDA graph capture).
+  void set_hold(bool on) noexcept { hold_ = on; }
 
   /// Waits for every stream's frees so far. False on a backend failure.
   [[nodiscard]] bool wait_all() noexcept {
@@ -133,6 +139,7 @@ class stream_table {
   Backend& backend_;
   std::vector<entry> entries_;
   std::uint32_t last_ = 0;
+  bool hold_ = false;
 };
 
 } // namespace gmlake::detail
