@@ -18,19 +18,24 @@ using gmlake::backend::host_memfd;
 constexpr std::size_t C = 64 * 1024;  // host_memfd's chunk here
 constexpr std::size_t cap = 256 * C;
 
-/// One handle per chunk, so that freed blocks are whole chunks a stitch can map,
-/// and a small arena for requests up to 16 KiB only (the chunks here are small).
+/// A small arena for requests up to 16 KiB only (the slots here are small).
 gmlake::options opts() {
   gmlake::options o;
-  o.max_handle = 0;
   o.small_max = 16 * 1024;
   return o;
+}
+
+/// Growth of one slot per chunk, so that freed blocks are whole chunks a stitch can map.
+gmlake::policy::best_fit_pieces one_slot() {
+  gmlake::policy::best_fit_pieces p;
+  p.grow.max_chunk = 0;
+  return p;
 }
 
 std::uint64_t calls(const gmlake::statistics& s, call c) { return s.calls[static_cast<std::size_t>(c)]; }
 
 TEST_CASE("capture mode: no event, no release, no unmap; growth still works") {
-  gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), opts());
+  gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), opts(), one_slot());
   a.backend().set_auto_complete(false);
   void* big = a.allocate(40 * C, 1);
   void* small = a.allocate(1000, 1);
@@ -59,7 +64,7 @@ TEST_CASE("capture mode: no event, no release, no unmap; growth still works") {
 }
 
 TEST_CASE("capture mode: stitched blocks are cached, not evicted or unmapped") {
-  gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), opts());
+  gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), opts(), one_slot());
   std::vector<void*> ps;
   for (int i = 0; i < 8; ++i) ps.push_back(a.allocate(4 * C));
   for (int i = 0; i < 8; i += 2) a.deallocate(ps[i], 4 * C);  // four pieces, apart
@@ -77,7 +82,7 @@ TEST_CASE("capture mode: stitched blocks are cached, not evicted or unmapped") {
 }
 
 TEST_CASE("visit_layout: segments are tiled by their pieces, allocations are seen") {
-  gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), opts());
+  gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), opts(), one_slot());
   std::vector<void*> ps;
   for (int i = 0; i < 6; ++i) ps.push_back(a.allocate(3 * C));
   void* tiny = a.allocate(700);

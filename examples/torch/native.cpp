@@ -651,14 +651,19 @@ class native_allocator final : public cca::CUDAAllocator {
     to.freed = from.freed;
   }
 
-  /// The reserved bytes by arena (small pool: the small arena), their peaks kept here.
+  /// The reserved bytes and chunks by arena (small pool: the small arena), their
+  /// peaks kept here over the samples.
   static void sample_reserved(device_state& d) {
-    std::int64_t small = 0, large = 0;
-    std::size_t chunk = d.main->chunk_size();
+    std::int64_t bytes[2] = {0, 0}, chunks[2] = {0, 0};
     auto add = [&](const core& a) {
-      const gmlake::memory_breakdown m = a.breakdown();
-      small += static_cast<std::int64_t>(m.small_reserved);
-      large += static_cast<std::int64_t>(m.large_reserved);
+      a.visit_layout(
+          [&](const gmlake::layout_segment& g) {
+            if (g.kind == gmlake::layout_segment::stitched) return;  // maps chunks counted already
+            const int k = g.kind == gmlake::layout_segment::small_chunk ? 0 : 1;
+            bytes[k] += static_cast<std::int64_t>(g.bytes);
+            ++chunks[k];
+          },
+          [](const gmlake::layout_piece&) {});
     };
     add(*d.main);
     for (auto& [id, p] : d.pools) add(*p->alloc);
@@ -668,10 +673,10 @@ class native_allocator final : public cca::CUDAAllocator {
       s.current = v;
       s.peak = std::max(s.peak, v);
     };
-    set(d.reserved_small, small);
-    set(d.reserved_large, large);
-    set(d.segments_small, small / static_cast<std::int64_t>(chunk));
-    set(d.segments_large, large / static_cast<std::int64_t>(chunk));
+    set(d.reserved_small, bytes[0]);
+    set(d.reserved_large, bytes[1]);
+    set(d.segments_small, chunks[0]);
+    set(d.segments_large, chunks[1]);
   }
 
   // ---------------------------------------------------------------- allocate / free
@@ -917,7 +922,7 @@ cca::SnapshotInfo snapshot_of(native_allocator& self, MempoolId_t only, bool inc
             seg.device = static_cast<DeviceIndex>(dev);
             seg.address = s.address;
             seg.total_size = s.bytes;
-            seg.is_large = s.kind != gmlake::layout_segment::small_handle;
+            seg.is_large = s.kind != gmlake::layout_segment::small_chunk;
             seg.is_expandable = false;
             seg.owner_private_pool_id = id;
             info.segments.push_back(std::move(seg));

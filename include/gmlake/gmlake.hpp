@@ -3,6 +3,7 @@
 
 #include "allocator.hpp"
 #include "backend/counting.hpp"
+#include "backend/forwarding.hpp"
 #include "backend/fault_injecting.hpp"
 #include "backend/host_memfd.hpp"
 #include "backend/simulated.hpp"
