@@ -111,9 +111,9 @@ def main():
              "|---|---|---|---|---|---|"]
     sections = []
     edges = ["", "## Option: stitch edges (`gmlake-edges`)", "",
-             "`options::stitch_edge_min = 8 MiB` (`gmlake-replay --stitch-edges-mib 8`): free bytes at a handle boundary",
-             "in a range with no whole handle may open or close a stitch that would otherwise create new chunks.",
-             "Less reserved memory, more handles mapped per stitch; off by default because driver time matters more",
+             "The stitch policy's `edges = 8 MiB` (`gmlake-replay --stitch-edges-mib 8`): free bytes at a chunk boundary",
+             "in a range with no whole chunk may open or close a stitch that would otherwise create new chunks.",
+             "Less reserved memory, more chunks mapped per stitch; off by default because driver time matters more",
              "to throughput (on the H200 llama1b-generate already measured 2.78 ms per iteration with the default).", "",
              "| trace | frag gmlake | frag gmlake-edges | driver us/iter after 4, gmlake | gmlake-edges |",
              "|---|---|---|---|---|"]
