@@ -1,6 +1,6 @@
 // gmlake/gmlake.hpp - the umbrella header: the allocator, its policies and the
-// portable backends (simulated and the decorators) and the std::pmr view.
-// Not included here: backend/host_memfd.hpp (Linux only) and
+// portable backends (simulated and the decorators), the std::pmr view and the
+// recording adaptor. Not included here: backend/host_memfd.hpp (Linux only) and
 // backend/cuda_vmm.hpp (the CUDA toolkit's <cuda.h>); include those where needed.
 #pragma once
 
@@ -14,4 +14,5 @@
 #include "errors.hpp"
 #include "host_stream.hpp"
 #include "memory_resource.hpp"
+#include "recording.hpp"
 #include "stats.hpp"
