@@ -6,6 +6,8 @@
 
 #include <cstdio>
 #include <cstring>
+#include <memory_resource>
+#include <vector>
 
 int main() {
   static_assert(__cplusplus >= 202002L, "the front door must give C++20");
@@ -15,6 +17,12 @@ int main() {
   void* p = a.allocate(n);
   std::memset(p, 0x5a, n);
   a.deallocate(p, n);
+  {
+    gmlake::memory_resource mr(a, gmlake::host_stream{1});  // a std::pmr view on stream 1
+    std::pmr::vector<int> v(&mr);
+    for (int i = 0; i < 1000; ++i) v.push_back(i);
+    if (v[999] != 999) return 1;
+  }
   const gmlake::statistics s = a.stats();
   const bool ok = s.allocations.current == 0 && s.active_bytes.peak >= static_cast<std::int64_t>(n) &&
                   a.check_invariants();
