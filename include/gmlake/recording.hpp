@@ -179,7 +179,9 @@ class recording_allocator {
       const auto it = ids_.find(p);
       if (it != ids_.end()) {
         live_ -= it->second.rounded;
-        write("f %llu\n", static_cast<unsigned long long>(it->second.id));
+        char line[32];
+        std::snprintf(line, sizeof line, "f %llu\n", static_cast<unsigned long long>(it->second.id));
+        put(line);
         ids_.erase(it);
       }
     }
@@ -198,7 +200,9 @@ class recording_allocator {
   ///        driver work after iteration 4, once the pool has warmed up.
   void mark_iteration(unsigned n) noexcept {
     std::lock_guard lock(mutex_);
-    write("i %u\n", n);
+    char line[32];
+    std::snprintf(line, sizeof line, "i %u\n", n);
+    put(line);
   }
 
   /// @brief Live bytes as gmlake-replay counts them (each request rounded up to
@@ -266,20 +270,25 @@ class recording_allocator {
 
   void header(const std::string& workload) {
     std::lock_guard lock(mutex_);
-    if (!workload.empty()) write("# workload %s\n", workload.c_str());
-    write("# source gmlake::recording_allocator\n");
+    if (!workload.empty()) {
+      put("# workload ");
+      put(workload.c_str());
+      put("\n");
+    }
+    put("# source gmlake::recording_allocator\n");
   }
 
-  template <class... A>
-  void write(const char* fmt, A... args) noexcept {
-    if (out_ != nullptr && std::fprintf(out_, fmt, args...) < 0) good_ = false;
+  void put(const char* text) noexcept {
+    if (out_ != nullptr && std::fputs(text, out_) < 0) good_ = false;
   }
 
   void note_allocate(void* p, std::size_t bytes, stream_type stream) noexcept {
     std::lock_guard lock(mutex_);
+    char line[80];
     if (p == nullptr) {
-      write("# oom %llu %llu\n", static_cast<unsigned long long>(bytes),
-            static_cast<unsigned long long>(stream_number(stream)));
+      std::snprintf(line, sizeof line, "# oom %llu %llu\n", static_cast<unsigned long long>(bytes),
+                    static_cast<unsigned long long>(stream_number(stream)));
+      put(line);
       return;
     }
     const std::uint64_t id = next_id_++;
@@ -291,8 +300,9 @@ class recording_allocator {
     }
     live_ += rounded;
     if (live_ > peak_live_) peak_live_ = live_;
-    write("a %llu %llu %llu\n", static_cast<unsigned long long>(id), static_cast<unsigned long long>(bytes),
-          static_cast<unsigned long long>(stream_number(stream)));
+    std::snprintf(line, sizeof line, "a %llu %llu %llu\n", static_cast<unsigned long long>(id),
+                  static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(stream_number(stream)));
+    put(line);
   }
 
   Allocator* a_;
