@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "../conformance.hpp"
@@ -55,6 +56,8 @@ struct stream {
   ~stream() { cudaStreamDestroy(s); }
 };
 
+// Keys below 1000 keep every sum here (at most a few million keys) within 32 bits,
+// whatever type CUB accumulates in.
 std::vector<unsigned> random_keys(std::size_t n, unsigned seed, unsigned below) {
   std::mt19937 rng(seed);
   std::vector<unsigned> v(n);
@@ -85,40 +88,62 @@ std::vector<void*> fragment(device_ref& r, cudaStream_t s) {
   return kept;
 }
 
-/// Sorts and sums `keys` on `s` with CUB, every buffer (temporary storage included)
-/// from `r`. Returns false, with a message, when a result differs from the host's.
-bool cub_sort_and_sum(device_ref& r, const std::vector<unsigned>& keys, cudaStream_t s, const char* tag) {
-  const std::size_t n = keys.size(), bytes = n * sizeof(unsigned);
-  auto* in = static_cast<unsigned*>(alloc_on(r, bytes, s));
-  auto* out = static_cast<unsigned*>(alloc_on(r, bytes, s));
-  auto* sum = static_cast<unsigned long long*>(alloc_on(r, sizeof(unsigned long long), s));
-  REQUIRE(cudaMemcpyAsync(in, keys.data(), bytes, cudaMemcpyHostToDevice, s) == cudaSuccess);
+/// One CUB job on one stream: sort and sum `keys`, every buffer (temporary storage
+/// included) from `r`. launch() queues it all and frees the temporary storage on the
+/// stream at once (stream-ordered); check() waits and compares with the host.
+struct cub_job {
+  cub_job(device_ref& res, cudaStream_t on, std::vector<unsigned> k, const char* what)
+      : r(&res), s(on), keys(std::move(k)), tag(what) {}
 
-  std::size_t sort_temp = 0, sum_temp = 0;
-  REQUIRE(cub::DeviceRadixSort::SortKeys(nullptr, sort_temp, in, out, static_cast<int>(n), 0, 32, s) == cudaSuccess);
-  void* t = alloc_on(r, sort_temp, s);
-  REQUIRE(cub::DeviceRadixSort::SortKeys(t, sort_temp, in, out, static_cast<int>(n), 0, 32, s) == cudaSuccess);
-  free_on(r, t, sort_temp, s);  // stream-ordered: reusable at once on s, after the sort
-
-  REQUIRE(cub::DeviceReduce::Sum(nullptr, sum_temp, in, sum, static_cast<int>(n), s) == cudaSuccess);
-  void* t2 = alloc_on(r, sum_temp, s);
-  REQUIRE(cub::DeviceReduce::Sum(t2, sum_temp, in, sum, static_cast<int>(n), s) == cudaSuccess);
-  free_on(r, t2, sum_temp, s);
-
-  std::vector<unsigned> sorted(n);
+  device_ref* r;
+  cudaStream_t s;
+  std::vector<unsigned> keys;
+  const char* tag;
+  std::size_t n = 0, bytes = 0, sort_temp = 0, sum_temp = 0;
+  unsigned* in = nullptr;
+  unsigned* out = nullptr;
+  unsigned long long* sum = nullptr;
+  std::vector<unsigned> sorted;
   unsigned long long got_sum = 0;
-  REQUIRE(cudaMemcpyAsync(sorted.data(), out, bytes, cudaMemcpyDeviceToHost, s) == cudaSuccess);
-  REQUIRE(cudaMemcpyAsync(&got_sum, sum, sizeof got_sum, cudaMemcpyDeviceToHost, s) == cudaSuccess);
-  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
-  for (void* p : {static_cast<void*>(in), static_cast<void*>(out), static_cast<void*>(sum)}) free_on(r, p, 0, s);
 
-  std::vector<unsigned> want = keys;
-  std::sort(want.begin(), want.end());
-  const unsigned long long want_sum = std::accumulate(keys.begin(), keys.end(), 0ull);
-  const bool ok = sorted == want && got_sum == want_sum;
-  std::printf("  %s: %zu keys, sort temp %zu B, sum temp %zu B: sorted %s, sum %llu (want %llu) %s\n", tag, n,
-              sort_temp, sum_temp, sorted == want ? "ok" : "WRONG", got_sum, want_sum, ok ? "ok" : "WRONG");
-  return ok;
+  void launch() {
+    n = keys.size();
+    bytes = n * sizeof(unsigned);
+    in = static_cast<unsigned*>(alloc_on(*r, bytes, s));
+    out = static_cast<unsigned*>(alloc_on(*r, bytes, s));
+    sum = static_cast<unsigned long long*>(alloc_on(*r, sizeof(unsigned long long), s));
+    REQUIRE(cudaMemcpyAsync(in, keys.data(), bytes, cudaMemcpyHostToDevice, s) == cudaSuccess);
+    REQUIRE(cub::DeviceRadixSort::SortKeys(nullptr, sort_temp, in, out, static_cast<int>(n), 0, 32, s) == cudaSuccess);
+    void* t = alloc_on(*r, sort_temp, s);
+    REQUIRE(cub::DeviceRadixSort::SortKeys(t, sort_temp, in, out, static_cast<int>(n), 0, 32, s) == cudaSuccess);
+    free_on(*r, t, sort_temp, s);  // reusable at once on s (after the sort), elsewhere once it is done
+    REQUIRE(cub::DeviceReduce::Sum(nullptr, sum_temp, in, sum, static_cast<int>(n), s) == cudaSuccess);
+    void* t2 = alloc_on(*r, sum_temp, s);
+    REQUIRE(cub::DeviceReduce::Sum(t2, sum_temp, in, sum, static_cast<int>(n), s) == cudaSuccess);
+    free_on(*r, t2, sum_temp, s);
+    sorted.resize(n);
+    REQUIRE(cudaMemcpyAsync(sorted.data(), out, bytes, cudaMemcpyDeviceToHost, s) == cudaSuccess);
+    REQUIRE(cudaMemcpyAsync(&got_sum, sum, sizeof got_sum, cudaMemcpyDeviceToHost, s) == cudaSuccess);
+  }
+
+  /// False, with a message, when a result differs from the host's.
+  bool check() {
+    REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+    for (void* p : {static_cast<void*>(in), static_cast<void*>(out), static_cast<void*>(sum)}) free_on(*r, p, 0, s);
+    std::vector<unsigned> want = keys;
+    std::sort(want.begin(), want.end());
+    const unsigned long long want_sum = std::accumulate(keys.begin(), keys.end(), 0ull);
+    const bool ok = sorted == want && got_sum == want_sum;
+    std::printf("  %s: %zu keys, sort temp %zu B, sum temp %zu B: sorted %s, sum %llu (want %llu) %s\n", tag, n,
+                sort_temp, sum_temp, sorted == want ? "ok" : "WRONG", got_sum, want_sum, ok ? "ok" : "WRONG");
+    return ok;
+  }
+};
+
+bool cub_sort_and_sum(device_ref& r, std::vector<unsigned> keys, cudaStream_t s, const char* tag) {
+  cub_job job(r, s, std::move(keys), tag);
+  job.launch();
+  return job.check();
 }
 
 /// Thrust's temporary allocator interface over a cuda::mr ref and one stream.
@@ -173,14 +198,17 @@ TEST_CASE("CCCL: CUB on two streams; a block freed on one is reused on the other
   gpu_resource res(a);
   device_ref r(res);
   stream s1, s2;
-  // Both streams sort at once, each freeing its temporary storage while the other
-  // is still queueing: every result must still match.
+  // Both streams' jobs are queued before either is waited for: the second job
+  // allocates while the first one's sort (whose temporary storage is already freed
+  // on its stream) may still run. Every result must still match.
   bool ok = true;
   for (unsigned i = 0; i < 6; ++i) {
-    const auto k1 = random_keys((std::size_t{1} << 20) + i * 4099, 100 + i, 1u << 30);
-    const auto k2 = random_keys((std::size_t{1} << 19) + i * 8191, 200 + i, 1000);
-    ok = cub_sort_and_sum(r, k1, i % 2 ? s1.s : s2.s, "stream A") && ok;
-    ok = cub_sort_and_sum(r, k2, i % 2 ? s2.s : s1.s, "stream B") && ok;
+    cub_job x(r, i % 2 ? s1.s : s2.s, random_keys((std::size_t{2} << 20) + i * 4099, 100 + i, 1000), "stream A");
+    cub_job y(r, i % 2 ? s2.s : s1.s, random_keys((std::size_t{1} << 20) + i * 8191, 200 + i, 1000), "stream B");
+    x.launch();
+    y.launch();
+    ok = y.check() && ok;
+    ok = x.check() && ok;
   }
   CHECK(ok);
   print_stats("two streams", a);
