@@ -60,11 +60,11 @@ def table(path):
 
 HEADER = """## On the H200
 
-Every trace of ../shared/traces replayed on one NVIDIA H200 (CUDA 13.0, driver 580.159,
-torch 2.11.0+cu130) by `gmlake-gpu-replay`, one process per trace and allocator, streams
-honoured (each trace stream a CUDA stream; frees on the allocating stream): gmlake's
-default allocator on the CUDA VMM backend, PyTorch's caching allocator through
-libtorch's `raw_alloc_with_stream`/`raw_delete` (default, and `expandable_segments:True`),
+The five traces of bench/traces recorded from PyTorch jobs on the H200, replayed on one
+NVIDIA H200 (CUDA 13.0, driver 580.159, torch 2.11.0+cu130) by `gmlake-gpu-replay`, one
+process per trace and allocator, streams honoured (each trace stream a CUDA stream;
+frees on the allocating stream): gmlake's default allocator on the CUDA VMM backend,
+PyTorch's caching allocator through libtorch's `raw_alloc_with_stream`/`raw_delete` (default, and `expandable_segments:True`),
 and `cudaMallocAsync` on the device's default pool (release threshold: never). All in
 C++, in the same run. Peak reserved is each allocator's own high-water mark; the device
 view is the largest drop of `cudaMemGetInfo`'s free bytes at iteration markers and at
@@ -73,9 +73,9 @@ the allocate and free calls (loop overhead included). Driver us/iter: measured t
 inside CUDA driver calls after `i 4` (gmlake only; the peers' device allocations are
 counted instead).
 
-Command (on the GPU machine): `GMLAKE_BIN=... bash .ci/gpu OUT ../shared/traces/*.trace.gz`,
-then `python3 bench/gpu_table.py OUT/replay.jsonl`; these figures:
-`bench/results/h200-replay.jsonl`.
+Command (on the GPU machine): `bash .ci/gpu OUT TRACES`, TRACES those five traces
+(`GMLAKE_BIN=DIR` to use binaries built elsewhere), then
+`python3 bench/gpu_table.py OUT/replay.jsonl`; these figures: `bench/results/h200-replay.jsonl`.
 
 """
 

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <unistd.h>
@@ -101,14 +102,12 @@ struct cost_model {
   double us(gmlake::call k, std::size_t bytes) const { return c[static_cast<std::size_t>(k)].at(bytes); }
 };
 
-/// The simulated backend, counting calls and charging each its modelled driver time
-/// (per handle: it remembers which handle is mapped where).
-class costed {
+/// The simulated backend, counting calls (one per call) and charging each its
+/// modelled driver time (per handle: it remembers which handle is mapped where).
+class costed : public gmlake::backend::forwarding<gmlake::backend::simulated> {
+  using base = gmlake::backend::forwarding<gmlake::backend::simulated>;
+
  public:
-  using parent_type = gmlake::backend::simulated;
-  using chunk_type = parent_type::chunk_type;
-  using stream_type = parent_type::stream_type;
-  using event_type = parent_type::event_type;
   struct call_counts {
     std::array<std::uint64_t, gmlake::call_count> calls{};
     std::array<double, gmlake::call_count> us_of{};  ///< modelled us by call kind
@@ -116,31 +115,29 @@ class costed {
   };
 
   costed(std::size_t capacity, std::size_t granularity, const cost_model* cost) noexcept
-      : parent_(capacity, granularity), cost_(cost) {}
+      : base(capacity, granularity), cost_(cost) {}
   const call_counts& counts() const noexcept { return counts_; }
-  std::size_t granularity() const noexcept { return parent_.granularity(); }
-  std::size_t capacity() const noexcept { return parent_.capacity(); }
-  std::size_t created_bytes() const noexcept { return parent_.created_bytes(); }
+  std::size_t created_bytes() const noexcept { return parent().created_bytes(); }
 
   gmlake::result<std::uintptr_t> reserve(std::size_t n) noexcept {
     charge(gmlake::call::reserve, n);
-    return parent_.reserve(n);
+    return parent().reserve(n);
   }
   gmlake::errc address_free(std::uintptr_t va, std::size_t n) noexcept {
     charge(gmlake::call::address_free, n);
-    return parent_.address_free(va, n);
+    return parent().address_free(va, n);
   }
   gmlake::result<chunk_type> create(std::size_t n) noexcept {
     charge(gmlake::call::create, n);
-    return parent_.create(n);
+    return parent().create(n);
   }
   gmlake::errc release(chunk_type c) noexcept {
     charge(gmlake::call::release, c.size);
-    return parent_.release(c);
+    return parent().release(c);
   }
   gmlake::errc map(std::uintptr_t va, std::size_t n, chunk_type c) noexcept {
     charge(gmlake::call::map, n);
-    const gmlake::errc e = parent_.map(va, n, c);
+    const gmlake::errc e = parent().map(va, n, c);
     if (e == gmlake::errc::ok) handles_[va] = n;
     return e;
   }
@@ -148,7 +145,7 @@ class costed {
     ++counts_.calls[static_cast<std::size_t>(gmlake::call::set_access)];
     for (auto it = handles_.lower_bound(va); it != handles_.end() && it->first < va + n; ++it)
       add(gmlake::call::set_access, cost_->us(gmlake::call::set_access, it->second));
-    return parent_.set_access(va, n);
+    return parent().set_access(va, n);
   }
   gmlake::errc unmap(std::uintptr_t va, std::size_t n) noexcept {
     ++counts_.calls[static_cast<std::size_t>(gmlake::call::unmap)];
@@ -157,15 +154,12 @@ class costed {
       add(gmlake::call::unmap, cost_->us(gmlake::call::unmap, it->second));
       it = handles_.erase(it);
     }
-    return parent_.unmap(va, n);
+    return parent().unmap(va, n);
   }
   gmlake::result<event_type> record(stream_type s) noexcept {
     ++counts_.calls[static_cast<std::size_t>(gmlake::call::record)];
-    return parent_.record(s);
+    return parent().record(s);
   }
-  gmlake::result<bool> query(event_type e) noexcept { return parent_.query(e); }
-  gmlake::errc synchronize(event_type e) noexcept { return parent_.synchronize(e); }
-  void destroy(event_type e) noexcept { parent_.destroy(e); }
 
  private:
   void charge(gmlake::call k, std::size_t n) noexcept {
@@ -176,7 +170,6 @@ class costed {
     counts_.us += us;
     counts_.us_of[static_cast<std::size_t>(k)] += us;
   }
-  parent_type parent_;
   const cost_model* cost_;
   call_counts counts_{};
   std::map<std::uintptr_t, std::size_t> handles_;
@@ -201,9 +194,12 @@ struct outcome {
   bool invariants = true;
 };
 
-/// Tunables given on the command line (the same for every configuration).
+/// Tunables given on the command line (the same for every configuration): the
+/// structural options, and overrides of the stitch policies' fields and growth rules.
 struct knobs {
   gmlake::options opt;
+  std::optional<std::size_t> max_chunk, floor, floor_divisor, big_growth, big_chunk, edges;
+  bool no_lend = false, lend_to_small = false;
   std::string timeline_dir;  ///< write TRACE.CONFIG.csv (event, live, reserved) here
   std::size_t pieces = 0;    ///< 0: the policy's default cap on pieces per stitch
   bool log_driver = false;   ///< print every operation after i 4 that cost driver time (stderr)
@@ -332,9 +328,31 @@ outcome replay(const trace& t, const char* name, const knobs& k, Allocator& a) {
   return o;
 }
 
-template <class Allocator, class... Policies>
-outcome run(const trace& t, const char* name, const knobs& k, const cost_model& cost, Policies... p) {
-  auto a = std::make_unique<Allocator>(costed(std::size_t{1} << 40, 0, &cost), k.opt, p...);
+/// Policy p with the command line's overrides: chunk size and lending everywhere,
+/// the growth floor and big chunks where the policy has them, edges where it stitches.
+template <class Policy>
+Policy tuned(Policy p, const knobs& k) {
+  gmlake::policy::growth_rules& g = p.grow;
+  if (k.max_chunk) g.max_chunk = *k.max_chunk;
+  if (k.no_lend) g.lends.to_large = false;
+  if (k.lend_to_small) g.lends.to_small = true;
+  if (g.floor != 0 || g.floor_divisor != 0) {
+    if (k.floor) g.floor = *k.floor;
+    if (k.floor_divisor) g.floor_divisor = *k.floor_divisor;
+    if (k.big_growth) g.big_growth = *k.big_growth;
+    if (k.big_chunk) g.big_chunk = *k.big_chunk;
+  }
+  if constexpr (requires { p.edges; })
+    if (k.edges) p.edges = *k.edges;
+  return p;
+}
+
+/// Replays t through basic_allocator<costed, Policy> (LRU eviction, best fit: the
+/// configurations of configs.hpp differ in their stitch policy only).
+template <class Policy>
+outcome run(const trace& t, const char* name, const knobs& k, const cost_model& cost, const Policy& p) {
+  auto a = std::make_unique<gmlake::basic_allocator<costed, Policy>>(costed(std::size_t{1} << 40, 0, &cost), k.opt,
+                                                                      tuned(p, k));
   return replay(t, name, k, *a);
 }
 
@@ -347,25 +365,22 @@ const std::vector<std::string>& config_names() {
 
 outcome run_config(const trace& t, const std::string& config, const knobs& k, const cost_model& cost) {
   using namespace gmlake;
-  using backend = costed;
   if (config == "gmlake") {
     policy::best_fit_pieces p;
     if (k.pieces) p.pieces = k.pieces;
-    return run<gmlake_allocator<backend>>(t, "gmlake", k, cost, p);
+    return run(t, "gmlake", k, cost, p);
   }
-  if (config == "gmlake-edges") {  // gmlake with options::stitch_edge_min (8 MiB unless given)
+  if (config == "gmlake-edges") {  // gmlake with stitch edges (8 MiB unless given)
     knobs e = k;
-    if (e.opt.stitch_edge_min == 0) e.opt.stitch_edge_min = std::size_t{8} << 20;
+    if (!e.edges) e.edges = std::size_t{8} << 20;
     policy::best_fit_pieces p;
     if (k.pieces) p.pieces = k.pieces;
-    return run<gmlake_allocator<backend>>(t, "gmlake-edges", e, cost, p);
+    return run(t, "gmlake-edges", e, cost, p);
   }
-  if (config == "bfc") return run<bfc_allocator<backend>>(t, "bfc", k, cost);
-  if (config == "expandable") return run<expandable_allocator<backend>>(t, "expandable", k, cost);
-  if (config == "gmlake-paper")
-    return run<gmlake_paper_allocator<backend>>(t, "gmlake-paper", k, cost, gmlake_paper_stitch);
-  if (config == "largest-first")
-    return run<gmlake_paper_allocator<backend>>(t, "largest-first", k, cost, policy::largest_first{});
+  if (config == "bfc") return run(t, "bfc", k, cost, policy::no_stitch{});
+  if (config == "expandable") return run(t, "expandable", k, cost, policy::expand_only{});
+  if (config == "gmlake-paper") return run(t, "gmlake-paper", k, cost, policy::gmlake_paper{});
+  if (config == "largest-first") return run(t, "largest-first", k, cost, policy::largest_first{});
   outcome o;
   o.allocator = config;
   o.failed = ~0ull;
@@ -396,15 +411,15 @@ int main(int argc, char** argv) {
     else if (a == "--small-max-kib" && i + 1 < argc) k.opt.small_max = num(1024);
     else if (a == "--cached-scan" && i + 1 < argc) k.opt.cached_scan = num(1);
     else if (a == "--pieces" && i + 1 < argc) k.pieces = num(1);
-    else if (a == "--no-lend") k.opt.lend_at_peak = false;
-    else if (a == "--lend-to-small") k.opt.lend_to_small_at_peak = true;
-    else if (a == "--max-handle-mib" && i + 1 < argc) k.opt.max_handle = num(std::size_t{1} << 20);
+    else if (a == "--no-lend") k.no_lend = true;
+    else if (a == "--lend-to-small") k.lend_to_small = true;
+    else if (a == "--max-handle-mib" && i + 1 < argc) k.max_chunk = num(std::size_t{1} << 20);
     else if (a == "--log-driver") k.log_driver = true;
-    else if (a == "--big-growth-mib" && i + 1 < argc) k.opt.big_growth = num(std::size_t{1} << 20);
-    else if (a == "--big-handle-mib" && i + 1 < argc) k.opt.big_handle = num(std::size_t{1} << 20);
-    else if (a == "--stitch-edges-mib" && i + 1 < argc) k.opt.stitch_edge_min = num(std::size_t{1} << 20);
-    else if (a == "--growth-divisor" && i + 1 < argc) k.opt.growth_divisor = num(1);
-    else if (a == "--min-growth-mib" && i + 1 < argc) k.opt.min_growth = num(std::size_t{1} << 20);
+    else if (a == "--big-growth-mib" && i + 1 < argc) k.big_growth = num(std::size_t{1} << 20);
+    else if (a == "--big-handle-mib" && i + 1 < argc) k.big_chunk = num(std::size_t{1} << 20);
+    else if (a == "--stitch-edges-mib" && i + 1 < argc) k.edges = num(std::size_t{1} << 20);
+    else if (a == "--growth-divisor" && i + 1 < argc) k.floor_divisor = num(1);
+    else if (a == "--min-growth-mib" && i + 1 < argc) k.floor = num(std::size_t{1} << 20);
     else if (a == "-h" || a == "--help") {
       std::printf("usage: gmlake-replay [--json] [--breakdown] [--config NAME]... [--cost-model FILE]\n"
                   "                     [--timeline DIR] [--chunk-mib N] [--small-max-kib N] [--cached-scan N]\n"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes synthetic allocation traces (format: bench/traces/README.md) for patterns
-the shared real traces cover thinly, so tuning is checked beyond them:
+the real traces in bench/traces cover thinly, so tuning is checked beyond them:
 
   synth-kvcache   generation with a growing KV cache per layer (re-allocated one
                   step larger, as a cat() does), batch and prompt random per request,

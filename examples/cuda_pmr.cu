@@ -1,8 +1,9 @@
 // examples/cuda_pmr.cu - gmlake on a GPU through std::pmr: fragment the memory,
-// get a buffer the free pieces can only serve stitched together, and run a kernel
-// over it.
+// get buffers the free pieces can only serve stitched together, and run a kernel
+// over them.
 //
-//   build/examples/cuda_pmr        (exits 77 where there is no GPU)
+//   build/examples/cuda_pmr        (exits 77 where there is no GPU; 1 if nothing
+//                                   was stitched or a value came out wrong)
 #include <gmlake/backend/cuda_vmm.hpp>
 #include <gmlake/gmlake.hpp>
 
@@ -31,19 +32,32 @@ int main() {
   gmlake::allocator<cuda_vmm> a{cuda_vmm(0)};
   gmlake::memory_resource gpu(a);  // a std::pmr view of `a`, on the default stream
   std::pmr::polymorphic_allocator<float> alloc(&gpu);
-  const std::size_t chunk = gpu.allocator().chunk_size() / sizeof(float);  // floats per physical chunk
+  const auto& lake = gpu.allocator();
 
-  // Eight chunk-sized buffers side by side; free every other one: four free chunks, none adjacent.
+  // A large request makes the allocator create physical memory in one step of at
+  // least a growth floor (16 MiB by default), not just the chunk asked for; only free
+  // handles that are wholly free can be stitched. So first measure that step.
+  const std::size_t chunk = lake.chunk_size() / sizeof(float);  // floats per physical chunk
+  float* probe = alloc.allocate(chunk);
+  const std::size_t step = static_cast<std::size_t>(lake.stats().reserved_bytes.current) / sizeof(float);
+  alloc.deallocate(probe, chunk);
+
+  // Eight buffers of one step each, side by side, each on physical handles of its own;
+  // free every other one: four free pieces, none adjacent to another.
   std::vector<float*> bufs;
-  for (int i = 0; i < 8; ++i) bufs.push_back(alloc.allocate(chunk));
-  for (int i = 0; i < 8; i += 2) alloc.deallocate(bufs[i], chunk);
+  for (int i = 0; i < 8; ++i) bufs.push_back(alloc.allocate(step));
+  for (int i = 0; i < 8; i += 2) alloc.deallocate(bufs[i], step);
 
-  // Two buffers of two chunks each: served by stitching the free chunks, no new memory.
-  const auto before = gpu.allocator().stats();
-  const std::size_t n = 2 * chunk;
+  // Two buffers of two steps each: no free piece is large enough, so each is served by
+  // stitching two free pieces into one new virtual range (state S3), no new memory.
+  const auto before = lake.stats();
+  const std::size_t n = 2 * step;
   float* x = alloc.allocate(n);
   float* y = alloc.allocate(n);
-  const auto after = gpu.allocator().stats();
+  const auto after = lake.stats();
+  const auto s3 = static_cast<std::size_t>(gmlake::fit_state::s3_stitch);
+  const auto stitched = after.fit[s3] - before.fit[s3];
+  const auto new_bytes = after.reserved_bytes.current - before.reserved_bytes.current;
 
   iota<<<256, 256>>>(x, n, 1.0f);
   iota<<<256, 256>>>(y, n, 0.5f);
@@ -53,14 +67,15 @@ int main() {
   std::size_t wrong = 0;
   for (std::size_t i = 0; i < n; ++i) wrong += host[i] != 2.5f * static_cast<float>(i % 1024);
 
-  std::printf("stitched requests: %llu, new physical bytes: %lld, stitched blocks mapped: %lld\n",
-              static_cast<unsigned long long>(after.fit[2] - before.fit[2]),
-              static_cast<long long>(after.reserved_bytes.current - before.reserved_bytes.current),
-              static_cast<long long>(after.stitched_blocks.current));
+  std::printf("step %zu MiB; stitched requests: %llu of 2, new physical bytes: %lld, stitched blocks mapped: %lld\n",
+              step * sizeof(float) >> 20, static_cast<unsigned long long>(stitched),
+              static_cast<long long>(new_bytes), static_cast<long long>(after.stitched_blocks.current));
   std::printf("saxpy over stitched memory: %zu of %zu values wrong\n", wrong, n);
 
   alloc.deallocate(x, n);
   alloc.deallocate(y, n);
-  for (int i = 1; i < 8; i += 2) alloc.deallocate(bufs[i], chunk);
-  return wrong == 0 && cudaGetLastError() == cudaSuccess ? 0 : 1;
+  for (int i = 1; i < 8; i += 2) alloc.deallocate(bufs[i], step);
+  const bool stitched_both = stitched == 2 && new_bytes == 0;
+  if (!stitched_both) std::printf("FAIL: the two buffers were not both stitched from free memory\n");
+  return stitched_both && wrong == 0 && cudaGetLastError() == cudaSuccess ? 0 : 1;
 }

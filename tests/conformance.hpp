@@ -91,11 +91,6 @@ struct block {
   bool stitched = false;
 };
 
-// Set to false to drop every freed stitched block from the cache at once
-// (release_cached), so that no cached stitched block is reused (a debugging aid for
-// the sPool path; activate once failed to uncount a reused block's cached bytes).
-constexpr bool cached_stitch_reuse_works = true;
-
 template <class A>
 block alloc(A& a, std::size_t n, std::size_t id, std::size_t align = gmlake::block_alignment) {
   const auto before = a.stats().stitched_blocks.allocated;
@@ -106,7 +101,6 @@ block alloc(A& a, std::size_t n, std::size_t id, std::size_t align = gmlake::blo
 template <class A>
 void release(A& a, const block& b, bool pass_size = true) {
   a.deallocate(b.p, pass_size ? b.n : 0);
-  if (!cached_stitch_reuse_works && b.stitched) (void)a.release_cached();
 }
 
 template <class A>

@@ -31,7 +31,7 @@ void check_released(A& a, std::uint64_t invalid_frees = 0) {
 #include <cstddef>
 #include <cstdint>
 
-#include <gmlake/concepts.hpp>
+#include <gmlake/backend/forwarding.hpp>
 
 namespace gmlake_test {
 
@@ -39,31 +39,10 @@ namespace gmlake_test {
 /// look at the real backend (and a counting decorator on it) after the allocator
 /// that used it is gone: "nothing leaked, even through the destructor".
 template <class P>
-class borrowed {
+class borrowed : public gmlake::backend::forwarding<P*> {
  public:
-  using chunk_type = typename P::chunk_type;
-  using stream_type = typename P::stream_type;
-  using event_type = typename P::event_type;
-
-  explicit borrowed(P* p) noexcept : p_(p) {}
-  [[nodiscard]] P& target() const noexcept { return *p_; }
-
-  [[nodiscard]] std::size_t granularity() const noexcept { return p_->granularity(); }
-  [[nodiscard]] std::size_t capacity() const noexcept { return p_->capacity(); }
-  [[nodiscard]] gmlake::result<std::uintptr_t> reserve(std::size_t n) noexcept { return p_->reserve(n); }
-  [[nodiscard]] gmlake::errc address_free(std::uintptr_t va, std::size_t n) noexcept { return p_->address_free(va, n); }
-  [[nodiscard]] gmlake::result<chunk_type> create(std::size_t n) noexcept { return p_->create(n); }
-  [[nodiscard]] gmlake::errc release(chunk_type c) noexcept { return p_->release(c); }
-  [[nodiscard]] gmlake::errc map(std::uintptr_t va, std::size_t n, chunk_type c) noexcept { return p_->map(va, n, c); }
-  [[nodiscard]] gmlake::errc set_access(std::uintptr_t va, std::size_t n) noexcept { return p_->set_access(va, n); }
-  [[nodiscard]] gmlake::errc unmap(std::uintptr_t va, std::size_t n) noexcept { return p_->unmap(va, n); }
-  [[nodiscard]] gmlake::result<event_type> record(stream_type s) noexcept { return p_->record(s); }
-  [[nodiscard]] gmlake::result<bool> query(event_type e) noexcept { return p_->query(e); }
-  [[nodiscard]] gmlake::errc synchronize(event_type e) noexcept { return p_->synchronize(e); }
-  void destroy(event_type e) noexcept { p_->destroy(e); }
-
- private:
-  P* p_;
+  explicit borrowed(P* p) noexcept : gmlake::backend::forwarding<P*>(p) {}
+  [[nodiscard]] P& target() const noexcept { return const_cast<P&>(this->parent()); }
 };
 
 } // namespace gmlake_test

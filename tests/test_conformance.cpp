@@ -15,19 +15,25 @@ using namespace gmlake_conformance;
 constexpr std::size_t gran = 64 * kib;
 constexpr std::size_t cap = 16 * mib;
 
-inline gmlake::options with_edges() {  // stitch edges on (options::stitch_edge_min)
-  gmlake::options o = test_options();
-  o.stitch_edge_min = 512;
-  o.max_handle = 4 * gran;  // handles of several chunks, so that edges occur
-  return o;
+template <class Alloc>
+typename Alloc::stitch_type default_policy() {
+  return {};
+}
+inline gmlake::policy::best_fit_pieces with_edges() {  // stitch edges on
+  gmlake::policy::best_fit_pieces p;
+  p.edges = 512;
+  p.grow.max_chunk = 4 * gran;  // chunks of several slots, so that edges occur
+  return p;
 }
 
-template <class Alloc, gmlake::options (*Options)() = test_options>
+template <class Alloc, typename Alloc::stitch_type (*Policy)() = default_policy<Alloc>>
 struct combo {
   using alloc_type = Alloc;
   using backend_type = typename Alloc::backend_type;
   static constexpr bool real = std::is_same_v<backend_type, host_memfd>;
-  static std::unique_ptr<Alloc> make() { return std::make_unique<Alloc>(backend_type(cap, gran), Options()); }
+  static std::unique_ptr<Alloc> make() {
+    return std::make_unique<Alloc>(backend_type(cap, gran), test_options(), Policy());
+  }
   static std::size_t granularity() { return gran; }
   static std::size_t capacity() { return cap; }
   static void write(void* dst, const void* src, std::size_t n) { std::memcpy(dst, src, n); }

@@ -364,9 +364,9 @@ TEST_CASE("faults: the fault injector counts, fails the n-th call, forwards the 
   CHECK(b.total_calls() == 4);
 }
 
-// BUG (fixed): with a cached stitched block whose stream work was pending, a
-// destructor whose event calls all failed looped for ever (unmap_stitch(force)
-// gave up when it could not wait, and ~basic_allocator retried the same block).
+// Regression: with a cached stitched block whose stream work is pending, a
+// destructor whose event calls all fail must still end (the pool's forced unmap
+// does not give up when it cannot wait).
 TEST_CASE("faults: the destructor ends even when no event call succeeds") {
   real backend(cap, C);
   {
@@ -393,7 +393,7 @@ TEST_CASE("faults: the destructor ends even when no event call succeeds") {
   CHECK(backend.parent().chunk_count() == 0);
 }
 
-// BUG (fixed, found by tests/fuzz): growing a free range into the hole before it,
+// Regression (found by tests/fuzz): growing a free range into the hole before it,
 // when the new chunks fill the hole, merged them first with the free range on the
 // hole's other side (pending on another stream) and then not with the neighbour,
 // and the request was carved from that merge: too small (carve outside a free

@@ -163,8 +163,8 @@ def validate(path):
     """Re-reads a trace and checks it: every `a` has an unused id, a byte count
     and a stream; every `f` names a live id; every `i` has a number. Returns a
     dict: ok, errors (the first 20), allocs, frees, iterations, live_at_end,
-    peak_live_bytes (each allocation rounded up to 512 bytes, as the README of
-    the shared traces counts it), streams, meta."""
+    peak_live_bytes (each allocation rounded up to 512 bytes, as
+    bench/traces/README.md counts it), streams, meta."""
     errors = []
     meta, events = read_trace(path)
     live = {}

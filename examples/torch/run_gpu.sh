@@ -109,7 +109,7 @@ done
 fi
 
 # 3. The cap experiment. OPT-1.3B ckpt at seq 1024 needs about 21 GB of static
-#    state (fp32 weights, grads, AdamW moments) plus, from the shared baselines,
+#    state (fp32 weights, grads, AdamW moments) plus, from bench/peers/,
 #    about 5.3 GB more at batch 8 (26.4 GB live, 31.4 GB reserved by PyTorch's
 #    default allocator: 16% fragmentation). Under a 32 GiB (34.4 GB) cap the default
 #    allocator then runs out a little above batch 8 while an allocator with ~1-3%

@@ -7,9 +7,10 @@
 //  - each concept is a conjunction of small parts, documented one by one, and each
 //    model in backend/ and policy/ is followed by a static_assert of its concept.
 //
-// Vocabulary: a *chunk* is a physical handle (granularity bytes or a multiple);
-// a *block* is a virtual address range; a *stitched block* is a block onto which
-// several chunks that are not adjacent elsewhere are mapped side by side.
+// Vocabulary: a *chunk* is a physical handle (a multiple of the allocator's
+// chunk_size(), the smallest chunk); a *block* is a virtual address range; a
+// *stitched block* is a block onto which several chunks that are not adjacent
+// elsewhere are mapped side by side; a *free range* is free bytes of an arena.
 #pragma once
 
 #include <concepts>
@@ -17,7 +18,6 @@
 #include <cstdint>
 #include <span>
 
-#include "detail/range.hpp"
 #include "errors.hpp"
 
 namespace gmlake {
@@ -112,13 +112,36 @@ concept BackendMemoryAccessible = PhysicalBackend<B> && detail::memory_accessibl
 
 // ---------------------------------------------------------------- FitStrategy
 
-/// Picks, from the index of free ranges (ordered by size then address), one range
-/// of at least `size` bytes that `usable` accepts, or nullptr. Best fit first:
-/// the default model takes the smallest.
+/// A free range as a FitStrategy sees it.
+struct free_range {
+  std::uintptr_t addr = 0;
+  std::size_t size = 0;
+  bool usable = false;        ///< the request may take it now (the allocator's stream rules)
+  const void* key = nullptr;  ///< names the range to the allocator; nullptr: no range
+};
+
+/// The free ranges of one arena of at least the requested size, smallest first
+/// (lowest address first among equal sizes), one at a time. Each is yielded once;
+/// whether it is usable is worked out only when it is yielded (that may query a
+/// stream event), so a strategy stops as soon as it has chosen.
+class free_view {
+ public:
+  using next_fn = bool (*)(void* state, free_range& out) noexcept;
+  free_view(void* state, next_fn next) noexcept : state_(state), next_(next) {}
+  /// The next range into `out`; false when there is none.
+  [[nodiscard]] bool next(free_range& out) noexcept { return next_(state_, out); }
+
+ private:
+  void* state_;
+  next_fn next_;
+};
+
+/// Picks one usable range from the view and returns it unchanged, or a default
+/// free_range (key nullptr) for none. Best fit first: the default model takes the
+/// first usable one, the smallest.
 template <class F>
-concept FitStrategy = requires(const F& f, const detail::free_index& index, std::size_t size,
-                               detail::range_filter usable) {
-  { f.pick(index, size, usable) } noexcept -> std::same_as<const detail::range*>;
+concept FitStrategy = requires(const F& f, free_view& v) {
+  { f.pick(v) } noexcept -> std::same_as<free_range>;
 };
 
 // ---------------------------------------------------------------- StitchPolicy
@@ -140,21 +163,50 @@ concept StitchWhen = requires(const P& p, std::size_t bytes) {
   { p.stitches(bytes) } noexcept -> std::same_as<bool>;
 };
 
-/// How: `max_pieces()` caps pieces per stitch; `select(c, need)` reorders the
-/// candidates so that the first k (the return value, <= max_pieces) are the pieces
-/// in stitched order, aiming at `need` bytes; 0 means "do not stitch".
+/// How: `select(c, need)` reorders the candidates so that the first k (the return
+/// value) are the pieces in stitched order, aiming at `need` bytes; 0 means "do not
+/// stitch". `max_pieces()` caps k: a larger k is not stitched. `edge_min()`: free
+/// bytes at a chunk boundary of a range with no whole chunk may open or close a
+/// stitch that would otherwise create new chunks, at least this many (0: never).
 template <class P>
 concept StitchHow = requires(const P& p, std::span<stitch_candidate> c, std::size_t need) {
   { p.max_pieces() } noexcept -> std::same_as<std::size_t>;
   { p.select(c, need) } noexcept -> std::same_as<std::size_t>;
+  { p.edge_min() } noexcept -> std::same_as<std::size_t>;
 };
 
-/// S4: `create_shortfall()` true: when the free pieces are not enough, create only
-/// the missing chunks (next to a free range, or stitched to the free pieces);
-/// false: create the whole request as a new segment.
+/// What growth of the large arena sees.
+struct growth_view {
+  std::size_t slot = 0;      ///< bytes of the smallest chunk (chunk sizes are multiples)
+  std::size_t reserved = 0;  ///< physical bytes the allocator holds now
+  std::size_t capacity = 0;  ///< the backend's capacity
+};
+
+/// How one growth of the large arena creates chunks.
+struct growth_plan {
+  std::size_t floor = 0;       ///< create at least this many bytes where the hole allows (the surplus stays free; 0: what is needed)
+  std::size_t max_chunk = 0;   ///< largest chunk created (a multiple of the slot; 0 or the slot: one slot per chunk)
+  std::size_t big_growth = 0;  ///< a growth of at least this many bytes (0: none) ...
+  std::size_t big_chunk = 0;   ///< ... creates chunks of up to this many bytes instead
+};
+
+/// When free chunks move between the arenas: before one arena grows past the peak
+/// reserved so far, the other releases free chunks, so bytes move instead of adding up.
+struct lending {
+  bool to_large = true;   ///< the small arena releases its free whole chunks
+  bool to_small = false;  ///< the large arena releases one unpinned free chunk
+};
+
+/// S4, where new memory comes from: `create_shortfall()` true: when the free pieces
+/// are not enough, create only the missing chunks (next to a free range, or stitched
+/// to the free pieces); false: create the whole request as a new segment.
+/// `growth(v)`: how many bytes and in what chunks the large arena grows;
+/// `lends()`: when free chunks move between the arenas.
 template <class P>
-concept StitchShortfall = requires(const P& p) {
+concept StitchShortfall = requires(const P& p, growth_view v) {
   { p.create_shortfall() } noexcept -> std::same_as<bool>;
+  { p.growth(v) } noexcept -> std::same_as<growth_plan>;
+  { p.lends() } noexcept -> std::same_as<lending>;
 };
 
 template <class P>
@@ -173,6 +225,23 @@ struct stitch_cache_view {
 struct stitch_info {
   std::size_t bytes = 0;        ///< mapped bytes
   std::uint64_t last_use = 0;   ///< allocator clock at its last free
+  std::uintptr_t pointer = 0;   ///< its address: names it to the allocator
+};
+
+/// The cached stitched blocks, in two orders: `at(by_age, i)` is the i-th least
+/// recently used, `at(by_size, i)` the i-th largest (by capacity). i < size().
+class stitch_cache_entries {
+ public:
+  enum order : unsigned char { by_age, by_size };
+  using at_fn = stitch_info (*)(const void* state, order o, std::size_t i) noexcept;
+  stitch_cache_entries(const void* state, std::size_t n, at_fn at) noexcept : state_(state), n_(n), at_(at) {}
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  [[nodiscard]] stitch_info at(order o, std::size_t i) const noexcept { return at_(state_, o, i); }
+
+ private:
+  const void* state_;
+  std::size_t n_;
+  at_fn at_;
 };
 
 /// When: `over_capacity(v)` true: release inactive stitched blocks now, one at a
@@ -182,11 +251,11 @@ concept EvictionWhen = requires(const E& e, stitch_cache_view v) {
   { e.over_capacity(v) } noexcept -> std::same_as<bool>;
 };
 
-/// Which: `prefer_oldest(oldest, largest)` true: release the least recently used
-/// block, false: the largest.
+/// Which: `victim(entries)` returns the one to release, as given by entries.at()
+/// (entries is not empty).
 template <class E>
-concept EvictionWhich = requires(const E& e, stitch_info a, stitch_info b) {
-  { e.prefer_oldest(a, b) } noexcept -> std::same_as<bool>;
+concept EvictionWhich = requires(const E& e, const stitch_cache_entries& entries) {
+  { e.victim(entries) } noexcept -> std::same_as<stitch_info>;
 };
 
 template <class E>

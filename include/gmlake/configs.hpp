@@ -5,7 +5,12 @@
 //              caching allocator with coalescing (the baseline)
 //  expandable  stitching off, growth extends a free range (PyTorch expandable segments)
 //  gmlake_paper stitching as the public GMLake code: largest pieces first, only
-//              requests >= 512 MiB, no shortfall path
+//              requests >= 512 MiB, no shortfall path (policy::gmlake_paper)
+//
+// Growth: the stitching configurations grow with policy::stitch_growth (a floor of
+// new bytes per growth, big chunks for big growths), the others with
+// policy::exact_growth (policy/growth.hpp). Both lend the small arena's free chunks
+// to the large one before it grows past the peak.
 #pragma once
 
 #include "allocator.hpp"
@@ -19,10 +24,7 @@ using bfc_allocator = basic_allocator<B, policy::no_stitch, policy::lru, policy:
 template <PhysicalBackend B>
 using expandable_allocator = basic_allocator<B, policy::expand_only, policy::lru, policy::best_fit>;
 template <PhysicalBackend B>
-using gmlake_paper_allocator = basic_allocator<B, policy::largest_first, policy::lru, policy::best_fit>;
-
-/// The paper's defaults for the largest_first policy.
-inline constexpr policy::largest_first gmlake_paper_stitch{std::size_t{512} << 20, 1u << 16, false};
+using gmlake_paper_allocator = basic_allocator<B, policy::gmlake_paper, policy::lru, policy::best_fit>;
 
 /// The default allocator type for a backend.
 template <PhysicalBackend B>

@@ -7,6 +7,7 @@
 #include "allocator.hpp"
 #include "allocator_concept.hpp"
 #include "backend/counting.hpp"
+#include "backend/forwarding.hpp"
 #include "backend/fault_injecting.hpp"
 #include "backend/simulated.hpp"
 #include "concepts.hpp"

@@ -28,7 +28,7 @@ struct stat {
   void reset_peak() noexcept { peak = current; }
 };
 
-/// BestFit outcome of a request (REFERENCE.md section 1).
+/// BestFit outcome of a request (docs/design.md walks one request through them).
 enum class fit_state : unsigned char {
   s1_exact = 0,   ///< a free block or cached stitched block of exactly the size
   s2_split,       ///< one larger free block, split
@@ -38,7 +38,8 @@ enum class fit_state : unsigned char {
 };
 inline constexpr std::size_t fit_state_count = 5;
 
-/// Backend calls by kind (also counted by backend::counting with bytes).
+/// Backend calls by kind. statistics::calls counts one per call (an unmap over
+/// several chunks is one call), as backend::counting does, which counts them.
 enum class call : unsigned char { reserve = 0, address_free, create, release, map, set_access, unmap, record, count_ };
 inline constexpr std::size_t call_count = static_cast<std::size_t>(call::count_);
 inline constexpr std::array<const char*, call_count> call_names = {
@@ -49,11 +50,11 @@ struct statistics {
   stat active_bytes;      ///< bytes of live allocations as placed (512 B multiples)
   stat reserved_bytes;    ///< physical bytes held from the backend (chunks)
   stat mapped_bytes;      ///< virtual bytes mapped: arenas plus stitched blocks
-  stat chunks;            ///< physical chunks held
+  stat chunks;            ///< chunks (physical handles) held
   stat stitched_blocks;   ///< stitched blocks mapped (active or cached)
   stat allocations;       ///< live allocations
   std::array<std::uint64_t, fit_state_count> fit{};  ///< requests by BestFit state
-  std::array<std::uint64_t, call_count> calls{};     ///< backend calls by kind
+  std::array<std::uint64_t, call_count> calls{};     ///< backend calls by kind, one per call
   std::uint64_t cached_stitch_hits = 0;  ///< S1 served by a cached stitched block
   std::uint64_t evictions = 0;           ///< stitched blocks released by the eviction policy
   std::uint64_t num_alloc_retries = 0;   ///< requests that released cache and retried

@@ -131,8 +131,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   opt.on_misuse = &on_misuse;
   const std::uint8_t setup = r.byte();
   const std::size_t max_blocks = setup % 4;  // 0: every freed stitch is evicted
-  if (setup & 4) opt.stitch_edge_min = 512;  // stitch edges on (bit 2 is clear in the regress-* inputs)
-  alloc_t a(backend_t(cap, C), opt, policy::best_fit_pieces{}, policy::lru{std::size_t{1} << 40, max_blocks});
+  policy::best_fit_pieces stitch;
+  if (setup & 4) stitch.edges = 512;  // stitch edges on (bit 2 is clear in the regress-* inputs)
+  alloc_t a(backend_t(cap, C), opt, stitch, policy::lru{std::size_t{1} << 40, max_blocks});
   host_memfd& m = a.backend().parent();
   std::vector<block> live;
   std::uint32_t serial = 0;

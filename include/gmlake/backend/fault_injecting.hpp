@@ -2,8 +2,8 @@
 // calls fail, for testing how the layers above survive backend failures.
 //
 // What holds for all of it:
-//  - `fault_injecting<Parent>` holds its Parent by value and forwards every concept
-//    call to it unchanged, except the one call (or the calls, in `sticky` mode) it
+//  - `fault_injecting<Parent>` is a forwarding<Parent> (backend/forwarding.hpp): it
+//    forwards every concept call to its parent unchanged, except the one call (or the calls, in `sticky` mode) it
 //    is told to fail: that call returns the planned error and never reaches the
 //    parent, so the parent's state is as if the call had not been made (the contract
 //    of every backend: a failed call changes nothing);
@@ -25,6 +25,7 @@
 
 #include "../concepts.hpp"
 #include "../errors.hpp"
+#include "forwarding.hpp"
 
 namespace gmlake::backend {
 
@@ -41,14 +42,16 @@ constexpr errc default_error(fault k) noexcept {
 }
 
 /// Fails the n-th call of a chosen kind (and, when sticky, every later one of that
-/// kind), then forwards to `Parent`.
-template <PhysicalBackend Parent>
-class fault_injecting {
+/// kind), then forwards to `Parent` (a backend, or a pointer to one it does not own).
+template <class Parent>
+class fault_injecting : public forwarding<Parent> {
+  using base = forwarding<Parent>;
+
  public:
-  using parent_type = Parent;
-  using chunk_type = typename Parent::chunk_type;
-  using stream_type = typename Parent::stream_type;
-  using event_type = typename Parent::event_type;
+  using typename base::chunk_type;
+  using typename base::event_type;
+  using typename base::parent_type;
+  using typename base::stream_type;
 
   /// What to fail: the `nth` call (1-based; 0: none) of kind `kind`, with `error`.
   struct plan {
@@ -59,9 +62,8 @@ class fault_injecting {
   };
 
   /// @brief Makes the parent from `args`; no fault is planned.
-  template <class... A> requires std::constructible_from<Parent, A...>
-  explicit fault_injecting(A&&... args) noexcept(noexcept(Parent(std::forward<A>(args)...)))
-      : parent_(std::forward<A>(args)...) {}
+  using base::base;
+  using base::parent;
 
   /// @brief Plans the failure of the `nth` call of kind `k`, counted since construction
   ///        or the last reset_counts() (injected failures included). `nth` == 0 disarms.
@@ -88,61 +90,39 @@ class fault_injecting {
     injected_ = 0;
   }
 
-  /// @brief The decorated backend, for its members outside the concept.
-  [[nodiscard]] Parent& parent() noexcept { return parent_; }
-  [[nodiscard]] const Parent& parent() const noexcept { return parent_; }
-
-  // ------------------------------------------------------------ BackendSizes
-
-  [[nodiscard]] std::size_t granularity() const noexcept { return parent_.granularity(); }
-  [[nodiscard]] std::size_t capacity() const noexcept { return parent_.capacity(); }
-
-  // ------------------------------------------------------------ BackendAddressSpace
-
+  // The calls that can fail; the others are forwarded by the base.
   [[nodiscard]] result<std::uintptr_t> reserve(std::size_t n) noexcept {
     if (errc e = hit(fault::reserve); e != errc::ok) return e;
-    return parent_.reserve(n);
+    return parent().reserve(n);
   }
-  [[nodiscard]] errc address_free(std::uintptr_t va, std::size_t n) noexcept { return parent_.address_free(va, n); }
-
-  // ------------------------------------------------------------ BackendChunks
-
   [[nodiscard]] result<chunk_type> create(std::size_t n) noexcept {
     if (errc e = hit(fault::create); e != errc::ok) return e;
-    return parent_.create(n);
+    return parent().create(n);
   }
-  [[nodiscard]] errc release(chunk_type c) noexcept { return parent_.release(c); }
-
-  // ------------------------------------------------------------ BackendMapping
-
   [[nodiscard]] errc map(std::uintptr_t va, std::size_t n, chunk_type c) noexcept {
     if (errc e = hit(fault::map); e != errc::ok) return e;
-    return parent_.map(va, n, c);
+    return parent().map(va, n, c);
   }
   [[nodiscard]] errc set_access(std::uintptr_t va, std::size_t n) noexcept {
     if (errc e = hit(fault::set_access); e != errc::ok) return e;
-    return parent_.set_access(va, n);
+    return parent().set_access(va, n);
   }
   [[nodiscard]] errc unmap(std::uintptr_t va, std::size_t n) noexcept {
     if (errc e = hit(fault::unmap); e != errc::ok) return e;
-    return parent_.unmap(va, n);
+    return parent().unmap(va, n);
   }
-
-  // ------------------------------------------------------------ BackendStreams
-
   [[nodiscard]] result<event_type> record(stream_type s) noexcept {
     if (errc e = hit(fault::event); e != errc::ok) return e;
-    return parent_.record(s);
+    return parent().record(s);
   }
   [[nodiscard]] result<bool> query(event_type e) noexcept {
     if (errc x = hit(fault::event); x != errc::ok) return x;
-    return parent_.query(e);
+    return parent().query(e);
   }
   [[nodiscard]] errc synchronize(event_type e) noexcept {
     if (errc x = hit(fault::event); x != errc::ok) return x;
-    return parent_.synchronize(e);
+    return parent().synchronize(e);
   }
-  void destroy(event_type e) noexcept { parent_.destroy(e); }
 
  private:
   static constexpr std::size_t index(fault k) noexcept { return static_cast<std::size_t>(k); }
@@ -155,7 +135,6 @@ class fault_injecting {
     return plan_.error;
   }
 
-  Parent parent_;
   plan plan_{};
   std::array<std::uint64_t, fault_count> calls_{};
   std::uint64_t injected_ = 0;

@@ -1,12 +1,18 @@
 // gmlake/detail/arena.hpp - one virtual address range, tiled by ranges, with
 // physical chunks mapped under every byte that is not a hole.
 //
-// The arena is where physical memory lives: each chunk is mapped exactly once
-// here, at its slot, and stays mapped until it is released. Free and used ranges
-// are placed at 512-byte granularity inside and across chunks (split and
-// coalesce, as a best-fit caching allocator does). Stitched blocks elsewhere map
-// the same chunks again; a slot's `stitch_refs` counts those mappings, and a chunk
-// with any is never released.
+// The arena is where physical memory lives: each chunk (a physical handle) is
+// mapped exactly once here and stays mapped until it is released. The address
+// range is cut into slots of the allocator's chunk_size(); a chunk covers one or
+// more whole slots. Free and used ranges are placed at 512-byte granularity inside
+// and across chunks (split and coalesce, as a best-fit caching allocator does).
+// Stitched blocks elsewhere map the same chunks again; a slot's `stitch_refs`
+// counts those mappings, and a chunk with any is never released.
+//
+// How growth cuts new bytes into chunks, and how many bytes it creates, is decided
+// above (a growth_plan); the arena carries it out. It keeps its part of the
+// footprint (chunks, reserved and mapped bytes); the backend it is given counts
+// the calls.
 //
 // All member functions are noexcept. Those that can fail say so by value and
 // leave the arena as it was. Pre for every mutation: the caller holds the
@@ -19,9 +25,10 @@
 #include <vector>
 
 #include "../concepts.hpp"
-#include "../stats.hpp"
+#include "footprint.hpp"
 #include "node_pool.hpp"
 #include "range.hpp"
+#include "stitch_planner.hpp"
 #include "stream_table.hpp"
 
 namespace gmlake::detail {
@@ -31,15 +38,15 @@ class arena {
  public:
   using chunk_type = typename Backend::chunk_type;
 
-  /// One chunk-sized slot of the arena. A physical handle covers `count` slots
-  /// from `first` (growth may create handles larger than a chunk, up to the
-  /// arena's max_handle); its chunk_type is kept in its first slot. Handles are
-  /// mapped, stitched and released whole (cuMemMap maps a handle whole).
+  /// One slot of the arena (chunk_size() bytes). A chunk covers `count` slots from
+  /// `first` (growth may create chunks of several slots, as its growth_plan says);
+  /// its chunk_type is kept in its first slot. Chunks are mapped, stitched and
+  /// released whole (cuMemMap maps a handle whole).
   struct slot {
     chunk_type chunk{};
-    std::uint32_t stitch_refs = 0;  ///< stitched blocks mapping this slot's handle
-    std::uint32_t first = 0;        ///< index of the handle's first slot
-    std::uint32_t count = 0;        ///< slots in the handle
+    std::uint32_t stitch_refs = 0;  ///< stitched blocks mapping this slot's chunk
+    std::uint32_t first = 0;        ///< index of the chunk's first slot
+    std::uint32_t count = 0;        ///< slots in the chunk
     bool mapped = false;
   };
 
@@ -51,25 +58,18 @@ class arena {
     bool after = true;           ///< new chunks after `neighbour` (else before)
   };
 
-  /// `max_handle`: the largest physical handle growth creates (a multiple of
-  /// `chunk`; 0 or `chunk`: one handle per chunk).
-  arena(Backend& backend, node_pool<range>& nodes, stream_table<Backend>& streams, statistics& stats,
-        std::size_t chunk, std::size_t max_handle = 0) noexcept
-      : backend_(backend),
-        nodes_(nodes),
-        streams_(streams),
-        stats_(stats),
-        chunk_(chunk),
-        max_handle_(max_handle > chunk ? max_handle / chunk * chunk : chunk) {}
+  /// `slot`: the bytes of one slot (the smallest chunk).
+  arena(Backend& backend, node_pool<range>& nodes, stream_table<Backend>& streams, footprint& held,
+        std::size_t slot) noexcept
+      : backend_(backend), nodes_(nodes), streams_(streams), held_(held), slot_(slot) {}
   arena(const arena&) = delete;
   arena& operator=(const arena&) = delete;
 
   /// Reserves `va_bytes` of address space, all one hole.
   [[nodiscard]] errc open(std::size_t va_bytes) noexcept {
-    va_bytes = round_up(va_bytes, chunk_);
+    va_bytes = round_up(va_bytes, slot_);
     if (!nodes_.reserve(1)) return errc::out_of_memory;
     auto va = backend_.reserve(va_bytes);
-    count(call::reserve);
     if (!va) return va.error;
     base_ = va.value;
     size_ = va_bytes;
@@ -89,26 +89,21 @@ class arena {
     for (std::size_t i = 0; i < slots_.size(); ++i) {
       if (!slots_[i].mapped || slots_[i].first != i) continue;
       const std::size_t n = slots_[i].count;
-      (void)backend_.unmap(base_ + i * chunk_, n * chunk_);
-      count(call::unmap);
+      (void)backend_.unmap(base_ + i * slot_, n * slot_);
       (void)backend_.release(slots_[i].chunk);
-      count(call::release);
-      for (std::size_t j = 0; j < n; ++j) forget_chunk(slots_[i + j]);
+      held_.chunks.sub(1);
+      for (std::size_t j = 0; j < n; ++j) forget_slot(slots_[i + j]);
     }
     free_.clear();
     holes_.clear();
     address_.clear_and_dispose([this](range* r) { nodes_.give(r); });
     (void)backend_.address_free(base_, size_);
-    count(call::address_free);
     size_ = 0;
   }
 
   // ------------------------------------------------------------ lookup
 
   [[nodiscard]] bool contains(std::uintptr_t p) const noexcept { return p - base_ < size_; }
-  [[nodiscard]] std::size_t chunk_size() const noexcept { return chunk_; }
-  [[nodiscard]] std::uintptr_t base() const noexcept { return base_; }
-  [[nodiscard]] const free_index& free_ranges() const noexcept { return free_; }
   [[nodiscard]] std::size_t free_count() const noexcept { return free_.size(); }
 
   /// The range that starts at p, or nullptr.
@@ -121,69 +116,94 @@ class arena {
     auto it = address_.upper_bound(p);
     return *--it;
   }
-  [[nodiscard]] slot& slot_of(std::uintptr_t p) noexcept { return slots_[(p - base_) / chunk_]; }
-  [[nodiscard]] std::size_t max_handle() const noexcept { return max_handle_; }
-  /// Growth creates at least `bytes` where the hole allows (0: what is needed), and at
-  /// least reserved / divisor (divisor 0: no such term), capped at `cap` (rounded down
-  /// to the chunk). If the surplus cannot be created, growth creates what is needed.
-  void set_min_growth(std::size_t bytes, std::size_t divisor = 0, std::size_t cap = ~std::size_t{0}) noexcept {
-    min_growth_ = round_up(bytes, chunk_);
-    cap = round_down(cap, chunk_);
-    growth_divisor_ = divisor;
-    growth_cap_ = cap;
+  [[nodiscard]] slot& slot_of(std::uintptr_t p) noexcept { return slots_[(p - base_) / slot_]; }
+  /// Start and end of the chunk that holds byte p. Pre: p's slot is mapped.
+  [[nodiscard]] std::uintptr_t chunk_floor(std::uintptr_t p) const noexcept {
+    return base_ + slots_[(p - base_) / slot_].first * slot_;
   }
-  /// The fewest bytes growth creates now.
-  [[nodiscard]] std::size_t min_growth() const noexcept {
-    std::size_t g = min_growth_;
-    if (growth_divisor_ != 0)
-      g = std::max(g, round_down(static_cast<std::size_t>(stats_.reserved_bytes.current) / growth_divisor_, chunk_));
-    return std::min(g, growth_cap_);
+  [[nodiscard]] std::uintptr_t chunk_end(std::uintptr_t p) const noexcept {
+    const slot& h = slots_[slots_[(p - base_) / slot_].first];
+    return base_ + (h.first + h.count) * slot_;
   }
-  /// A growth of at least `growth` bytes creates handles of up to `handle` bytes (0: off).
-  void set_big_growth(std::size_t growth, std::size_t handle) noexcept {
-    big_growth_ = growth;
-    big_handle_ = round_up(handle, chunk_);
+  [[nodiscard]] const chunk_type& chunk_of(std::uintptr_t p) const noexcept {
+    return slots_[slots_[(p - base_) / slot_].first].chunk;
   }
-
-  /// Start and end of the handle that holds byte p. Pre: p's chunk is mapped.
-  [[nodiscard]] std::uintptr_t handle_floor(std::uintptr_t p) const noexcept {
-    return base_ + slots_[(p - base_) / chunk_].first * chunk_;
-  }
-  [[nodiscard]] std::uintptr_t handle_end(std::uintptr_t p) const noexcept {
-    const slot& h = slots_[slots_[(p - base_) / chunk_].first];
-    return base_ + (h.first + h.count) * chunk_;
-  }
-  [[nodiscard]] const chunk_type& handle_chunk(std::uintptr_t p) const noexcept {
-    return slots_[slots_[(p - base_) / chunk_].first].chunk;
-  }
-  /// Calls f(addr, bytes, chunk) for each handle holding a byte of [lo, hi), in order.
+  /// Calls f(addr, bytes, chunk) for each chunk holding a byte of [lo, hi), in order.
   template <class F>
-  void for_each_handle(std::uintptr_t lo, std::uintptr_t hi, F&& f) const noexcept {
-    for (std::uintptr_t a = handle_floor(lo); a < hi;) {
-      const std::uintptr_t e = handle_end(a);
-      f(a, e - a, handle_chunk(a));
+  void for_each_chunk(std::uintptr_t lo, std::uintptr_t hi, F&& f) const noexcept {
+    for (std::uintptr_t a = chunk_floor(lo); a < hi;) {
+      const std::uintptr_t e = chunk_end(a);
+      f(a, e - a, chunk_of(a));
       a = e;
     }
   }
-  /// Adds d to the stitch_refs of every slot of the handles holding [lo, hi).
+  /// Calls f(i) for the index of every slot of the chunks holding [lo, hi).
+  template <class F>
+  void for_each_slot(std::uintptr_t lo, std::uintptr_t hi, F&& f) const noexcept {
+    for (std::uintptr_t a = chunk_floor(lo), e = chunk_end(hi - 1); a < e; a += slot_) f((a - base_) / slot_);
+  }
+  [[nodiscard]] std::size_t slot_count() const noexcept { return slots_.size(); }
+  /// Adds d to the stitch_refs of every slot of the chunks holding [lo, hi).
   void pin(std::uintptr_t lo, std::uintptr_t hi, int d) noexcept {
-    for (std::uintptr_t a = handle_floor(lo), e = handle_end(hi - 1); a < e; a += chunk_)
+    for (std::uintptr_t a = chunk_floor(lo), e = chunk_end(hi - 1); a < e; a += slot_)
       slot_of(a).stitch_refs += static_cast<std::uint32_t>(d);
   }
 
-  /// Bytes of whole handles inside r (what a stitch can map as a middle piece), and
+  /// Bytes of whole chunks inside r (what a stitch can map as a middle piece), and
   /// the bytes before and after them.
   struct chunk_split {
     std::size_t head, whole, tail;
   };
   [[nodiscard]] chunk_split split_of(const range& r) const noexcept {
-    std::uintptr_t lo = base_ + round_up(r.addr - base_, chunk_);
-    std::uintptr_t hi = base_ + round_down(r.end() - base_, chunk_);
+    std::uintptr_t lo = base_ + round_up(r.addr - base_, slot_);
+    std::uintptr_t hi = base_ + round_down(r.end() - base_, slot_);
     if (hi <= lo) return {r.size, 0, 0};
-    if (handle_floor(lo) != lo) lo = handle_end(lo);
-    if (hi > lo && handle_end(hi - 1) != hi) hi = handle_floor(hi - 1);
+    if (chunk_floor(lo) != lo) lo = chunk_end(lo);
+    if (hi > lo && chunk_end(hi - 1) != hi) hi = chunk_floor(hi - 1);
     if (hi <= lo) return {r.size, 0, 0};
     return {lo - r.addr, hi - lo, r.end() - hi};
+  }
+
+  /// The free range that `fit` picks for `size` bytes, shown the free ranges of at
+  /// least that size through a free_view with `usable` (the stream rules), or nullptr.
+  template <FitStrategy Fit, class Usable>
+  [[nodiscard]] range* pick(const Fit& fit, std::size_t size, const Usable& usable) noexcept {
+    struct walk {
+      free_index::const_iterator it, end;
+      const Usable* usable;
+    } w{free_.lower_bound(size_key{size}, size_key_less{}), free_.end(), &usable};
+    free_view view(&w, [](void* state, free_range& out) noexcept {
+      auto& at = *static_cast<walk*>(state);
+      if (at.it == at.end) return false;
+      const range& r = *at.it++;
+      out = free_range{r.addr, r.size, (*at.usable)(r), &r};
+      return true;
+    });
+    const free_range chosen = fit.pick(view);
+    return const_cast<range*>(static_cast<const range*>(chosen.key));
+  }
+
+  /// Calls f(r) for each free range of at least one slot, largest first, until f
+  /// returns false.
+  template <class F>
+  void for_each_free_largest(F&& f) const noexcept {
+    for (auto it = free_.rbegin(); it != free_.rend() && it->size >= slot_; ++it)
+      if (!f(*it)) return;
+  }
+
+  /// Free range r as the stitch planner sees it. Pre: r is free.
+  [[nodiscard]] stitch_source source_of(const range& r) const noexcept {
+    const auto sp = split_of(r);
+    stitch_source out{r.addr, r.size, sp.head, sp.whole, sp.tail, 0};
+    if (sp.whole == 0) out.boundary = chunk_floor(r.addr) == r.addr ? r.addr : chunk_end(r.addr);
+    return out;
+  }
+
+  /// Where chunks end, for the stitch planner.
+  [[nodiscard]] chunk_ends ends() const noexcept {
+    return chunk_ends(this, [](const void* self, std::uintptr_t p) noexcept {
+      return static_cast<const arena*>(self)->chunk_end(p);
+    });
   }
 
   // ------------------------------------------------------------ placing
@@ -240,26 +260,29 @@ class arena {
 
   /// Maps new chunks as e says. Needs 2 nodes. Returns the free range that now
   /// holds the neighbour and the new bytes.
-  [[nodiscard]] result<range*> extend(const extension& e) noexcept {
-    const std::size_t bytes = std::max(e.bytes, std::min(min_growth(), e.hole->size));
+  /// `g` says how many bytes at least and in what chunks.
+  [[nodiscard]] result<range*> extend(const extension& e, const growth_plan& g) noexcept {
+    const std::size_t bytes = std::max(e.bytes, std::min(g.floor, e.hole->size));
     const std::uintptr_t at = e.after ? e.hole->addr : e.hole->end() - bytes;
-    auto r = populate(*e.hole, at, bytes, e.neighbour->segment);
+    auto r = populate(*e.hole, at, bytes, e.neighbour->segment, g);
     if (r || bytes == e.bytes) return r;
     // The surplus did not fit (the backend is nearly full): create only what is needed.
-    return populate(*e.hole, e.after ? e.hole->addr : e.hole->end() - e.bytes, e.bytes, e.neighbour->segment);
+    return populate(*e.hole, e.after ? e.hole->addr : e.hole->end() - e.bytes, e.bytes, e.neighbour->segment, g);
   }
 
   /// Maps `bytes` of new chunks at the start of the smallest hole that holds them,
-  /// as a free range of `segment`; `fresh` gets their address. Needs 2 nodes.
-  /// Returns the free range holding them (merged with free neighbours).
-  [[nodiscard]] result<range*> grow(std::size_t bytes, std::uint32_t segment, std::uintptr_t& fresh) noexcept {
+  /// as a free range of `segment`; `fresh` gets their address. `g` says how many
+  /// bytes at least and in what chunks. Needs 2 nodes. Returns the free range
+  /// holding them (merged with free neighbours).
+  [[nodiscard]] result<range*> grow(std::size_t bytes, std::uint32_t segment, std::uintptr_t& fresh,
+                                    const growth_plan& g) noexcept {
     auto it = holes_.lower_bound(size_key{bytes}, size_key_less{});
     if (it == holes_.end()) return errc::out_of_memory;  // address space exhausted
-    const std::size_t want = std::max(bytes, std::min(min_growth(), it->size));
+    const std::size_t want = std::max(bytes, std::min(g.floor, it->size));
     fresh = it->addr;
-    auto r = populate(*it, it->addr, want, segment);
+    auto r = populate(*it, it->addr, want, segment, g);
     if (r || want == bytes) return r;
-    return populate(*it, it->addr, bytes, segment);  // the surplus did not fit: only what is needed
+    return populate(*it, it->addr, bytes, segment, g);  // the surplus did not fit: only what is needed
   }
 
   /// Unmaps and releases every chunk wholly inside a free range whose stream work is
@@ -275,10 +298,10 @@ class arena {
     return released;
   }
 
-  /// Unmaps and releases one unpinned whole handle of at least `bytes` inside a free
-  /// range whose stream work is known done: the smallest such handle in the `scan`
+  /// Unmaps and releases one unpinned whole chunk of at least `bytes` inside a free
+  /// range whose stream work is known done: the smallest such chunk in the `scan`
   /// largest free ranges. Returns the bytes released (0: none).
-  std::size_t release_one_handle(std::size_t bytes, std::size_t scan) noexcept {
+  std::size_t release_one_chunk(std::size_t bytes, std::size_t scan) noexcept {
     range* best = nullptr;
     std::uintptr_t best_a = 0, best_e = 0;
     for (auto it = free_.rbegin(); it != free_.rend() && it->size >= bytes && scan > 0; ++it, --scan) {
@@ -286,7 +309,7 @@ class arena {
       if (!streams_.known_done(r.tag)) continue;
       const auto sp = split_of(r);
       for (std::uintptr_t a = r.addr + sp.head, hi = a + sp.whole; a < hi;) {
-        const std::uintptr_t e = handle_end(a);
+        const std::uintptr_t e = chunk_end(a);
         if (e - a >= bytes && slot_of(a).stitch_refs == 0 && (best == nullptr || e - a < best_e - best_a)) {
           best = &r;
           best_a = a;
@@ -296,14 +319,10 @@ class arena {
       }
     }
     if (best == nullptr || !nodes_.reserve(2)) return 0;
-    if (backend_.unmap(best_a, best_e - best_a) != errc::ok) {
-      count(call::unmap);
-      return 0;
-    }
-    count(call::unmap);
+    if (backend_.unmap(best_a, best_e - best_a) != errc::ok) return 0;
     (void)backend_.release(slot_of(best_a).chunk);
-    count(call::release);
-    for (std::uintptr_t c = best_a; c < best_e; c += chunk_) forget_chunk(slot_of(c));
+    held_.chunks.sub(1);
+    for (std::uintptr_t c = best_a; c < best_e; c += slot_) forget_slot(slot_of(c));
     (void)carve_hole(*best, best_a, best_e);
     return best_e - best_a;
   }
@@ -344,7 +363,7 @@ class arena {
       t.free_partial += sp.head + sp.tail;
     }
     for (const slot& s : slots_)
-      if (s.mapped) t.reserved += chunk_;
+      if (s.mapped) t.reserved += slot_;
     return t;
   }
 
@@ -361,15 +380,15 @@ class arena {
       if (r.addr % block_alignment != 0 || r.size % block_alignment != 0) return false;
       if (r.state == range_state::hole) {
         ++nholes;
-        if ((r.addr - base_) % chunk_ != 0 || r.size % chunk_ != 0) return false;
+        if ((r.addr - base_) % slot_ != 0 || r.size % slot_ != 0) return false;
         if (prev && prev->state == range_state::hole) return false;  // holes coalesce always
-        for (std::uintptr_t c = r.addr; c < r.end(); c += chunk_) {
-          const std::size_t i = (c - base_) / chunk_;
+        for (std::uintptr_t c = r.addr; c < r.end(); c += slot_) {
+          const std::size_t i = (c - base_) / slot_;
           if (i < slots_.size() && slots_[i].mapped) return false;
         }
       } else {
-        for (std::uintptr_t c = round_down(r.addr - base_, chunk_) + base_; c < r.end(); c += chunk_) {
-          const std::size_t i = (c - base_) / chunk_;
+        for (std::uintptr_t c = round_down(r.addr - base_, slot_) + base_; c < r.end(); c += slot_) {
+          const std::size_t i = (c - base_) / slot_;
           if (i >= slots_.size() || !slots_[i].mapped) return false;
         }
         if (r.is_free()) {
@@ -391,13 +410,22 @@ class arena {
     for (const range& r : holes_)
       if (r.state != range_state::hole) return false;
     for (const slot& s : slots_)
-      if (s.mapped) reserved += chunk_;
+      if (s.mapped) reserved += slot_;
+    return true;
+  }
+
+  /// Every slot's stitch_refs is refs[i] (0 past its end), and every slot of a
+  /// chunk has its chunk's count.
+  [[nodiscard]] bool check_refs(const std::vector<std::uint32_t>& refs) const noexcept {
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      const std::uint32_t want = i < refs.size() ? refs[i] : 0;
+      if (slots_[i].stitch_refs != want) return false;
+      if (want != 0 && !slots_[i].mapped) return false;
+    }
     return true;
   }
 
  private:
-  void count(call c) noexcept { ++stats_.calls[static_cast<std::size_t>(c)]; }
-
   range* make(std::uintptr_t addr, std::size_t size, range_state st, std::uint32_t seg, stream_tag t) noexcept {
     range* r = nodes_.take();
     r->addr = addr;
@@ -443,7 +471,7 @@ class arena {
   void consider(range& f, range& h, bool after, std::size_t size, const Usable& usable, bool& found,
                 extension& out) noexcept {
     if (!f.is_free() || f.size >= size || !usable(f)) return;
-    const std::size_t bytes = round_up(size - f.size, chunk_);
+    const std::size_t bytes = round_up(size - f.size, slot_);
     if (bytes > h.size) return;
     if (!found || f.size > out.neighbour->size) {
       out = {&f, &h, bytes, after};
@@ -451,12 +479,13 @@ class arena {
     }
   }
 
-  /// Creates and maps bytes/chunk chunks at [at, at+bytes) inside hole h, makes
-  /// them accessible, and turns that part of h into a free range. On failure undoes
-  /// every step and leaves h as it was.
-  result<range*> populate(range& h, std::uintptr_t at, std::size_t bytes, std::uint32_t segment) noexcept {
+  /// Creates and maps chunks over [at, at+bytes) inside hole h (as large as `g`
+  /// allows, the first ones largest), makes them accessible, and turns that part of
+  /// h into a free range. On failure undoes every step and leaves h as it was.
+  result<range*> populate(range& h, std::uintptr_t at, std::size_t bytes, std::uint32_t segment,
+                          const growth_plan& g) noexcept {
     GMLAKE_ASSERT(h.state == range_state::hole && at >= h.addr && at + bytes <= h.end(), "populate outside a hole");
-    const std::size_t first = (at - base_) / chunk_, n = bytes / chunk_;
+    const std::size_t first = (at - base_) / slot_, n = bytes / slot_;
     if (first + n > slots_.size()) {
       try {
         slots_.resize(std::max(first + n, slots_.size() + slots_.size() / 2));
@@ -464,15 +493,13 @@ class arena {
         return errc::out_of_memory;
       }
     }
-    // Handles of up to max_handle_ bytes each, the first ones largest.
-    std::size_t per = max_handle_ / chunk_;
-    if (big_growth_ != 0 && bytes >= big_growth_) per = std::max(per, big_handle_ / chunk_);
-    std::size_t created = 0, mapped = 0;  // slots covered by created / mapped handles
+    std::size_t per = g.max_chunk > slot_ ? g.max_chunk / slot_ : 1;  // slots per chunk
+    if (g.big_growth != 0 && bytes >= g.big_growth) per = std::max(per, g.big_chunk / slot_);
+    std::size_t created = 0, mapped = 0;  // slots covered by created / mapped chunks
     errc failure = errc::ok;
     while (created < n) {
       const std::size_t k = std::min(per, n - created);
-      auto c = backend_.create(k * chunk_);
-      count(call::create);
+      auto c = backend_.create(k * slot_);
       if (!c) {
         failure = c.error;
         break;
@@ -488,8 +515,7 @@ class arena {
     if (failure == errc::ok) {
       while (mapped < n) {
         const slot& h = slots_[first + mapped];
-        const errc e = backend_.map(at + mapped * chunk_, h.count * chunk_, h.chunk);
-        count(call::map);
+        const errc e = backend_.map(at + mapped * slot_, h.count * slot_, h.chunk);
         if (e != errc::ok) {
           failure = e;
           break;
@@ -499,16 +525,13 @@ class arena {
     }
     if (failure == errc::ok) {
       failure = backend_.set_access(at, bytes);
-      count(call::set_access);
     }
     if (failure != errc::ok) {  // roll back, in reverse
       for (std::size_t i = 0; i < mapped; i += slots_[first + i].count) {
-        (void)backend_.unmap(at + i * chunk_, slots_[first + i].count * chunk_);
-        count(call::unmap);
+        (void)backend_.unmap(at + i * slot_, slots_[first + i].count * slot_);
       }
       for (std::size_t i = 0; i < created; i += slots_[first + i].count) {
         (void)backend_.release(slots_[first + i].chunk);
-        count(call::release);
       }
       for (std::size_t i = 0; i < created; ++i) slots_[first + i] = slot{};
       return failure;
@@ -517,9 +540,9 @@ class arena {
       slots_[first + i].mapped = true;
       slots_[first + i].stitch_refs = 0;
     }
-    stats_.chunks.add(static_cast<std::int64_t>(n));
-    stats_.reserved_bytes.add(static_cast<std::int64_t>(bytes));
-    stats_.mapped_bytes.add(static_cast<std::int64_t>(bytes));
+    for (std::size_t i = 0; i < n; i += slots_[first + i].count) held_.chunks.add(1);
+    held_.reserved.add(static_cast<std::int64_t>(bytes));
+    held_.mapped.add(static_cast<std::int64_t>(bytes));
 
     // Split the hole: the new range takes its start or its end.
     holes_.erase(holes_.iterator_to(h));
@@ -551,22 +574,18 @@ class arena {
       if (sp.whole == 0) break;
       std::uintptr_t a = cur->addr + sp.head;
       const std::uintptr_t hi = a + sp.whole;
-      // split_of gives whole handles: skip pinned ones, release a run of unpinned ones.
-      while (a < hi && slot_of(a).stitch_refs != 0) a = handle_end(a);
+      // split_of gives whole chunks: skip pinned ones, release a run of unpinned ones.
+      while (a < hi && slot_of(a).stitch_refs != 0) a = chunk_end(a);
       if (a >= hi) break;
       std::uintptr_t b = a;
-      while (b < hi && slot_of(b).stitch_refs == 0) b = handle_end(b);
+      while (b < hi && slot_of(b).stitch_refs == 0) b = chunk_end(b);
       if (!nodes_.reserve(2)) break;
-      if (backend_.unmap(a, b - a) != errc::ok) {
-        count(call::unmap);
-        break;
-      }
-      count(call::unmap);
+      if (backend_.unmap(a, b - a) != errc::ok) break;
       for (std::uintptr_t c = a; c < b;) {
-        const std::uintptr_t e = handle_end(c);
+        const std::uintptr_t e = chunk_end(c);
         (void)backend_.release(slot_of(c).chunk);
-        count(call::release);
-        for (; c < e; c += chunk_) forget_chunk(slot_of(c));
+        held_.chunks.sub(1);
+        for (; c < e; c += slot_) forget_slot(slot_of(c));
       }
       released += b - a;
       // [cur.addr, a) stays free, [a, b) becomes a hole, [b, cur.end) stays free.
@@ -578,11 +597,10 @@ class arena {
     return released;
   }
 
-  void forget_chunk(slot& s) noexcept {
+  void forget_slot(slot& s) noexcept {
     s = slot{};
-    stats_.chunks.sub(1);
-    stats_.reserved_bytes.sub(static_cast<std::int64_t>(chunk_));
-    stats_.mapped_bytes.sub(static_cast<std::int64_t>(chunk_));
+    held_.reserved.sub(static_cast<std::int64_t>(slot_));
+    held_.mapped.sub(static_cast<std::int64_t>(slot_));
   }
 
   /// Turns [a, b) of free range f into a hole (merged with hole neighbours).
@@ -620,13 +638,8 @@ class arena {
   Backend& backend_;
   node_pool<range>& nodes_;
   stream_table<Backend>& streams_;
-  statistics& stats_;
-  std::size_t chunk_;
-  std::size_t max_handle_;
-  std::size_t min_growth_ = 0;
-  std::size_t growth_divisor_ = 0;
-  std::size_t growth_cap_ = ~std::size_t{0};
-  std::size_t big_growth_ = 0, big_handle_ = 0;
+  footprint& held_;
+  std::size_t slot_;
   std::uintptr_t base_ = 0;
   std::size_t size_ = 0;
   std::uint32_t segments_ = 0;

@@ -47,8 +47,6 @@ class node_pool {
     push(reinterpret_cast<slot*>(node));
   }
 
-  [[nodiscard]] std::size_t in_use() const noexcept { return slabs_.size() * slab_nodes - free_count_; }
-
  private:
   static constexpr std::size_t slab_nodes = 256;
   union slot {

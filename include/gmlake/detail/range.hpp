@@ -2,7 +2,8 @@
 //
 // An arena's virtual range is tiled by `range` nodes in address order. A range is
 // a hole (no physical chunk behind it), free, or used. Free ranges also sit in the
-// free index (ordered by size, then address) that a FitStrategy searches; holes sit
+// free index (ordered by size, then address) that a FitStrategy searches through
+// a free_view; holes sit
 // in the hole index. Nodes carry their hooks, so indexing a range never allocates.
 #pragma once
 
@@ -78,22 +79,6 @@ struct size_key {
 struct size_key_less {
   bool operator()(const range& r, size_key k) const noexcept { return r.size < k.size; }
   bool operator()(size_key k, const range& r) const noexcept { return k.size < r.size; }
-};
-
-/// A non-owning predicate over ranges (which free ranges a request may take:
-/// the stream rules live in the allocator, not in the fit strategy).
-class range_filter {
- public:
-  template <class F>
-  explicit range_filter(const F& f) noexcept
-      : ctx_(&f), fn_([](const void* c, const range& r) noexcept {
-          return (*static_cast<const F*>(c))(r);
-        }) {}
-  bool operator()(const range& r) const noexcept { return fn_(ctx_, r); }
-
- private:
-  const void* ctx_;
-  bool (*fn_)(const void*, const range&) noexcept;
 };
 
 } // namespace gmlake::detail

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "../concepts.hpp"
-#include "../stats.hpp"
 #include "range.hpp"
 
 namespace gmlake::detail {
@@ -23,7 +22,7 @@ class stream_table {
   using stream_type = typename Backend::stream_type;
   using event_type = typename Backend::event_type;
 
-  stream_table(Backend& backend, statistics& stats) : backend_(backend), stats_(stats) {
+  explicit stream_table(Backend& backend) : backend_(backend) {
     entries_.push_back(entry{});  // index 0: the default stream
   }
   stream_table(const stream_table&) = delete;
@@ -53,8 +52,6 @@ class stream_table {
     out = last_ = static_cast<std::uint32_t>(entries_.size() - 1);
     return true;
   }
-
-  [[nodiscard]] stream_type stream_at(std::uint32_t i) const noexcept { return entries_[i].stream; }
 
   /// The tag of a free on stream i, now.
   [[nodiscard]] stream_tag on_free(std::uint32_t i) noexcept { return {i, ++entries_[i].freed}; }
@@ -108,8 +105,6 @@ class stream_table {
     return true;
   }
 
-  [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
-
  private:
   struct entry {
     stream_type stream{};
@@ -122,7 +117,6 @@ class stream_table {
 
   bool record(entry& e) noexcept {
     auto ev = backend_.record(e.stream);
-    ++stats_.calls[static_cast<std::size_t>(call::record)];
     if (!ev) return false;
     if (e.has_event) backend_.destroy(e.event);
     e.event = ev.value;
@@ -137,7 +131,6 @@ class stream_table {
   }
 
   Backend& backend_;
-  statistics& stats_;
   std::vector<entry> entries_;
   std::uint32_t last_ = 0;
 };

@@ -22,7 +22,7 @@ struct lru {
   bool over_capacity(stitch_cache_view v) const noexcept {
     return v.inactive_bytes > capacity_bytes || v.inactive_blocks > max_blocks;
   }
-  bool prefer_oldest(stitch_info, stitch_info) const noexcept { return true; }
+  stitch_info victim(const stitch_cache_entries& e) const noexcept { return e.at(e.by_age, 0); }
 };
 static_assert(EvictionPolicy<lru>);
 
@@ -34,8 +34,10 @@ struct evict_largest {
   bool over_capacity(stitch_cache_view v) const noexcept {
     return v.inactive_bytes > capacity_bytes || v.inactive_blocks > max_blocks;
   }
-  bool prefer_oldest(stitch_info oldest, stitch_info largest) const noexcept {
-    return oldest.bytes >= largest.bytes;
+  /// The largest; the least recently used instead where it maps as many bytes.
+  stitch_info victim(const stitch_cache_entries& e) const noexcept {
+    const stitch_info oldest = e.at(e.by_age, 0), largest = e.at(e.by_size, 0);
+    return oldest.bytes >= largest.bytes ? oldest : largest;
   }
 };
 static_assert(EvictionPolicy<evict_largest>);
@@ -43,7 +45,7 @@ static_assert(EvictionPolicy<evict_largest>);
 /// No cache: every stitched block is unmapped as soon as it is freed.
 struct no_cache {
   bool over_capacity(stitch_cache_view v) const noexcept { return v.inactive_blocks > 0; }
-  bool prefer_oldest(stitch_info, stitch_info) const noexcept { return true; }
+  stitch_info victim(const stitch_cache_entries& e) const noexcept { return e.at(e.by_age, 0); }
 };
 static_assert(EvictionPolicy<no_cache>);
 

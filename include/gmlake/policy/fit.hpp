@@ -1,8 +1,9 @@
 // gmlake/policy/fit.hpp - FitStrategy models: how a request picks a free range.
 //
-// All models search the free index (ordered by size, then address) and return the
-// chosen range or nullptr; they never modify it. `usable` carries the allocator's
-// stream rules; a model skips ranges it rejects.
+// All models walk a free_view (the free ranges of at least the request's size,
+// smallest first, then lowest address) and return the chosen range unchanged, or
+// free_range{} for none. `usable` on a range carries the allocator's stream rules;
+// a model skips ranges that are not usable.
 #pragma once
 
 #include <cstddef>
@@ -11,39 +12,36 @@
 
 namespace gmlake::policy {
 
-/// Best fit: the smallest usable range of at least `size` bytes, lowest address
-/// first among equal sizes. Scans at most `max_scan` candidates past the first
-/// (ranges another stream still uses), then gives up.
+/// Best fit: the smallest usable range, lowest address first among equal sizes.
+/// Looks at most `max_scan` ranges past the first (ranges another stream still
+/// uses), then gives up.
 struct best_fit {
   std::size_t max_scan = 64;
 
-  const detail::range* pick(const detail::free_index& index, std::size_t size,
-                            detail::range_filter usable) const noexcept {
-    auto it = index.lower_bound(detail::size_key{size}, detail::size_key_less{});
-    for (std::size_t n = 0; it != index.end() && n <= max_scan; ++it, ++n)
-      if (usable(*it)) return &*it;
-    return nullptr;
+  free_range pick(free_view& ranges) const noexcept {
+    free_range r;
+    for (std::size_t n = 0; n <= max_scan && ranges.next(r); ++n)
+      if (r.usable) return r;
+    return {};
   }
 };
 static_assert(FitStrategy<best_fit>);
 
-/// Low-address fit: among the first `window` usable ranges of at least `size`
-/// bytes (smallest first), the one at the lowest address. Packs live blocks
-/// towards the bottom of an arena, so free memory gathers at the top in large
-/// ranges that later requests (and release_cached) can use whole.
+/// Low-address fit: among the first `window` usable ranges (smallest first), the
+/// one at the lowest address. Packs live blocks towards the bottom of an arena, so
+/// free memory gathers at the top in large ranges that later requests (and
+/// release_cached) can use whole.
 struct low_address_fit {
   std::size_t window = 8;
   std::size_t max_scan = 64;
 
-  const detail::range* pick(const detail::free_index& index, std::size_t size,
-                            detail::range_filter usable) const noexcept {
-    const detail::range* best = nullptr;
+  free_range pick(free_view& ranges) const noexcept {
+    free_range best, r;
     std::size_t taken = 0;
-    auto it = index.lower_bound(detail::size_key{size}, detail::size_key_less{});
-    for (std::size_t n = 0; it != index.end() && n <= max_scan && taken < window; ++it, ++n) {
-      if (!usable(*it)) continue;
+    for (std::size_t n = 0; n <= max_scan && taken < window && ranges.next(r); ++n) {
+      if (!r.usable) continue;
       ++taken;
-      if (best == nullptr || it->addr < best->addr) best = &*it;
+      if (best.key == nullptr || r.addr < best.addr) best = r;
     }
     return best;
   }

@@ -1,0 +1,68 @@
+// gmlake/policy/growth.hpp - how the arenas grow: the rules a StitchPolicy model
+// carries for its S4 part (StitchShortfall), and their named presets.
+//
+// Growth is the S4 state of BestFit: where new chunks go is the stitch policy's
+// create_shortfall(); how many bytes, cut into what chunks, and when free chunks
+// move between the arenas first, are these rules. They are plain values: a model
+// holds one and answers growth() and lends() from it.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+
+#include "../concepts.hpp"
+
+namespace gmlake::policy {
+
+struct growth_rules {
+  /// Largest chunk that growth of the large arena creates at once (rounded up to
+  /// the slot; 0 or one slot: one slot per chunk). Driver time grows with the number
+  /// of chunks, not their bytes; a stitch maps whole chunks.
+  std::size_t max_chunk = std::size_t{32} << 20;
+  /// A growth creates at least `floor` bytes and at least reserved / floor_divisor
+  /// (0: no such term), the surplus staying free for the next stitch or split. The
+  /// floor is capped at one chunk of max_chunk and at capacity / floor_cap_divisor
+  /// (0: no such cap), so it does nothing on small devices. Both 0: no floor.
+  std::size_t floor = 0;
+  std::size_t floor_divisor = 0;
+  std::size_t floor_cap_divisor = 0;
+  /// A growth of at least big_growth bytes (0: never) creates chunks of up to
+  /// big_chunk bytes instead of max_chunk: fewer chunks for a very large request.
+  std::size_t big_growth = 0;
+  std::size_t big_chunk = 0;
+  /// When free chunks move between the arenas.
+  gmlake::lending lends{};
+
+  [[nodiscard]] constexpr growth_plan plan(const growth_view& v) const noexcept {
+    growth_plan g;
+    g.max_chunk = round_up(max_chunk, v.slot);
+    if (floor != 0 || floor_divisor != 0) {
+      std::size_t cap = g.max_chunk;
+      if (floor_cap_divisor != 0) cap = std::min(cap, v.capacity / floor_cap_divisor);
+      cap = round_down(cap, v.slot);
+      std::size_t f = round_up(floor, v.slot);
+      if (floor_divisor != 0) f = std::max(f, round_down(v.reserved / floor_divisor, v.slot));
+      g.floor = std::min(f, cap);
+    }
+    if (big_growth != 0) {
+      g.big_growth = big_growth;
+      g.big_chunk = round_up(big_chunk, v.slot);
+    }
+    return g;
+  }
+};
+
+/// Growth creates what the request needs, in chunks of up to 32 MiB; before the
+/// large arena grows past the peak reserved, the small arena releases its free
+/// whole chunks. The rules of every configuration that does not stitch.
+inline constexpr growth_rules exact_growth{};
+
+/// As exact_growth, and a growth of the large arena creates at least 16 MiB and at
+/// least 1/512 of the reserved bytes (capped at one chunk and at capacity / 1024);
+/// a growth of 768 MiB or more creates chunks of up to 256 MiB. Fewer, larger
+/// chunks for later stitches to map; the surplus is reused by the next stitch or
+/// split. The rules of the stitching configurations (docs/design.md, "Growth").
+inline constexpr growth_rules stitch_growth{std::size_t{32} << 20, std::size_t{16} << 20, 512, 1024,
+                                            std::size_t{768} << 20, std::size_t{256} << 20, lending{}};
+
+} // namespace gmlake::policy

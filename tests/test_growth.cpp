@@ -1,0 +1,124 @@
+// tests/test_growth.cpp - the growth rules (policy/growth.hpp) and how an arena
+// carries out a growth_plan: chunk sizes, the floor, big chunks, the footprint.
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gmlake/backend/counting.hpp"
+#include "gmlake/backend/simulated.hpp"
+#include "gmlake/detail/arena.hpp"
+#include "gmlake/policy/growth.hpp"
+#include "gmlake/policy/stitch.hpp"
+
+namespace {
+
+using gmlake::call;
+using gmlake::growth_plan;
+using gmlake::growth_view;
+using gmlake::backend::counting;
+using gmlake::backend::simulated;
+namespace policy = gmlake::policy;
+namespace detail = gmlake::detail;
+
+constexpr std::size_t mib = std::size_t{1} << 20;
+constexpr std::size_t S = 2 * mib;
+
+} // namespace
+
+TEST_CASE("growth rules: exact growth has no floor and 32 MiB chunks") {
+  const growth_plan g = policy::exact_growth.plan(growth_view{S, 10 * 1024 * mib, 80 * 1024 * mib});
+  CHECK(g.floor == 0);
+  CHECK(g.max_chunk == 32 * mib);
+  CHECK(g.big_growth == 0);
+  CHECK(policy::exact_growth.lends.to_large);
+  CHECK(!policy::exact_growth.lends.to_small);
+}
+
+TEST_CASE("growth rules: the stitch preset's floor follows the footprint, capped by one chunk and the capacity") {
+  const auto& r = policy::stitch_growth;
+  // A large device: the floor is max(16 MiB, reserved / 512), at most one 32 MiB chunk.
+  CHECK(r.plan({S, 0, 80 * 1024 * mib}).floor == 16 * mib);
+  CHECK(r.plan({S, 12 * 1024 * mib, 80 * 1024 * mib}).floor == 24 * mib);
+  CHECK(r.plan({S, 40 * 1024 * mib, 80 * 1024 * mib}).floor == 32 * mib);
+  // A small device: capacity / 1024 caps it (here below one slot: no floor).
+  CHECK(r.plan({S, 0, 1024 * mib}).floor == 0);
+  const growth_plan g = r.plan({S, 0, 80 * 1024 * mib});
+  CHECK(g.big_growth == 768 * mib);
+  CHECK(g.big_chunk == 256 * mib);
+}
+
+TEST_CASE("growth rules: sizes round to the slot") {
+  policy::growth_rules r;
+  r.max_chunk = 3 * mib;
+  r.floor = 5 * mib;
+  CHECK(r.plan({S, 0, 1024 * 1024 * mib}).max_chunk == 4 * mib);
+  CHECK(r.plan({S, 0, 1024 * 1024 * mib}).floor == 4 * mib);  // capped at one chunk
+  r.max_chunk = 0;
+  CHECK(r.plan({S, 0, 1024 * mib}).max_chunk == 0);  // one slot per chunk
+}
+
+TEST_CASE("growth rules: each stitch policy carries its own") {
+  CHECK(policy::no_stitch{}.growth({S, 0, 80 * 1024 * mib}).floor == 0);
+  CHECK(policy::expand_only{}.growth({S, 0, 80 * 1024 * mib}).floor == 0);
+  CHECK(policy::gmlake_paper{}.growth({S, 0, 80 * 1024 * mib}).floor == 0);
+  CHECK(!policy::gmlake_paper{}.create_shortfall());
+  CHECK(policy::gmlake_paper{}.stitches(512 * mib));
+  CHECK(!policy::gmlake_paper{}.stitches(511 * mib));
+  CHECK(policy::best_fit_pieces{}.growth({S, 0, 80 * 1024 * mib}).floor == 16 * mib);
+  CHECK(policy::largest_first{}.growth({S, 0, 80 * 1024 * mib}).floor == 16 * mib);
+}
+
+namespace {
+
+struct one_arena {
+  counting<simulated> backend{std::size_t{1} << 30, S};
+  detail::footprint held;
+  detail::node_pool<detail::range> nodes;
+  detail::stream_table<counting<simulated>> streams{backend};
+  detail::arena<counting<simulated>> a{backend, nodes, streams, held, S};
+  one_arena() {
+    REQUIRE(a.open(std::size_t{1} << 30) == gmlake::errc::ok);
+    REQUIRE(nodes.reserve(8));
+  }
+  ~one_arena() { a.close(); }
+  std::uint64_t creates() const { return backend.counts().calls_of(call::create); }
+};
+
+} // namespace
+
+TEST_CASE("arena growth: chunks of up to max_chunk, the first ones largest; the footprint follows") {
+  one_arena t;
+  std::uintptr_t fresh = 0;
+  REQUIRE(t.a.grow(10 * S, 0, fresh, growth_plan{0, 4 * S, 0, 0}));
+  CHECK(t.creates() == 3);  // 4 + 4 + 2 slots
+  CHECK(t.held.chunks.current == 3);
+  CHECK(t.held.reserved.current == static_cast<std::int64_t>(10 * S));
+  CHECK(t.held.mapped.current == static_cast<std::int64_t>(10 * S));
+  CHECK(t.a.chunk_end(fresh) == fresh + 4 * S);
+  CHECK(t.a.chunk_end(fresh + 9 * S) == fresh + 10 * S);
+  CHECK(t.a.release_free_chunks() == 10 * S);
+  CHECK(t.held.chunks.current == 0);
+  CHECK(t.held.reserved.current == 0);
+}
+
+TEST_CASE("arena growth: the floor creates a surplus where the hole allows; big growths take big chunks") {
+  one_arena t;
+  std::uintptr_t fresh = 0;
+  REQUIRE(t.a.grow(S, 0, fresh, growth_plan{8 * S, 8 * S, 0, 0}));
+  CHECK(t.held.reserved.current == static_cast<std::int64_t>(8 * S));
+  CHECK(t.creates() == 1);
+  REQUIRE(t.a.grow(64 * S, 0, fresh, growth_plan{0, 8 * S, 64 * S, 32 * S}));
+  CHECK(t.creates() == 1 + 2);  // two chunks of 32 slots, not eight of 8
+  std::size_t reserved = 0, used = 0, live = 0;
+  CHECK(t.a.check(reserved, used, live));
+  CHECK(reserved == 72 * S);
+}
+
+TEST_CASE("arena growth: a plan of one slot per chunk") {
+  one_arena t;
+  std::uintptr_t fresh = 0;
+  REQUIRE(t.a.grow(3 * S, 0, fresh, growth_plan{}));
+  CHECK(t.creates() == 3);
+  CHECK(t.held.chunks.current == 3);
+}

@@ -1,0 +1,173 @@
+// tests/test_stitch_pool.cpp - detail::stitch_pool over one arena of the simulated
+// backend: build, claim, release, the cache, eviction by a policy's victim, and the
+// stitch reference counts its check() compares with the arena's slots.
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "gmlake/backend/counting.hpp"
+#include "gmlake/backend/simulated.hpp"
+#include "gmlake/detail/stitch_pool.hpp"
+#include "gmlake/policy/eviction.hpp"
+
+namespace {
+
+using gmlake::call;
+using gmlake::backend::counting;
+using gmlake::backend::simulated;
+using driver = counting<simulated>;
+namespace detail = gmlake::detail;
+namespace policy = gmlake::policy;
+
+constexpr std::size_t S = 64 * 1024;
+constexpr std::size_t K = 4 * S;  // chunks of 4 slots
+
+/// One large arena with 8 chunks of K, all free, and a pool on it.
+struct bench {
+  driver backend{std::size_t{64} << 20, S};
+  detail::footprint held;
+  detail::node_pool<detail::range> nodes;
+  detail::stream_table<driver> streams{backend};
+  detail::arena<driver> large{backend, nodes, streams, held, S};
+  detail::stitch_pool<driver> pool{backend, large, streams, nodes, held};
+  std::uintptr_t base = 0;
+
+  bench() {
+    REQUIRE(large.open(std::size_t{64} << 20) == gmlake::errc::ok);
+    REQUIRE(nodes.reserve(4));
+    std::uintptr_t fresh = 0;
+    REQUIRE(large.grow(8 * K, 0, fresh, gmlake::growth_plan{0, K, 0, 0}));
+    base = fresh;
+  }
+  ~bench() {
+    pool.close();
+    large.close();
+  }
+  /// Every structural property, the pool's and the arena's.
+  bool sound() const {
+    std::size_t reserved = 0, used = 0, live = 0, pool_live = 0;
+    return large.check(reserved, used, live) && pool.check(pool_live);
+  }
+  /// Stitched blocks of two chunks: chunk i then chunk j.
+  detail::stitch_block* two(std::size_t i, std::size_t j) {
+    const detail::stitch_piece pieces[] = {{base + i * K, K}, {base + j * K, K}};
+    return pool.build(pieces);
+  }
+};
+
+} // namespace
+
+TEST_CASE("stitch pool: build maps the pieces side by side and pins their chunks") {
+  bench b;
+  const auto maps = b.backend.counts().calls_of(call::map);
+  detail::stitch_block* x = b.two(0, 2);
+  REQUIRE(x != nullptr);
+  CHECK(b.backend.counts().calls_of(call::map) == maps + 2);
+  CHECK(x->mapped == 2 * K);
+  CHECK(x->capacity == 2 * K);
+  CHECK(b.held.stitched.current == 1);
+  CHECK(b.pool.find(x->pointer) == x);
+  CHECK(b.pool.find(x->pointer + 512) == nullptr);
+  CHECK(b.large.slot_of(b.base).stitch_refs == 1);
+  CHECK(b.large.slot_of(b.base + K).stitch_refs == 0);
+  CHECK(b.large.slot_of(b.base + 2 * K + S).stitch_refs == 1);
+  // Built, neither in use nor cached: the check wants it in one of the two.
+  b.pool.discard(*x);
+  CHECK(b.held.stitched.current == 0);
+  CHECK(b.sound());
+}
+
+TEST_CASE("stitch pool: claim, release to the cache, reuse from it") {
+  bench b;
+  detail::stitch_block* x = b.two(1, 3);
+  REQUIRE(x != nullptr);
+  REQUIRE(b.pool.claim(*x, K + S, K + 100, 0));
+  CHECK(x->in_use);
+  CHECK(x->claimed_count == 2);
+  CHECK(b.sound());
+  // The claimed arena bytes are used now: a second block over chunk 1 cannot claim.
+  detail::stitch_block* y = b.two(1, 5);
+  REQUIRE(y != nullptr);
+  CHECK(!b.pool.claim(*y, 2 * K, 2 * K, 0));
+  b.pool.discard(*y);
+  b.pool.release(*x, b.streams.on_free(0));
+  CHECK(b.pool.cached_count() == 1);
+  CHECK(b.pool.cached_bytes() == 2 * K);
+  CHECK(b.sound());
+  CHECK(b.pool.reuse(4 * K, 4 * K, 0, 8) == nullptr);  // too large for it
+  CHECK(b.pool.reuse(2 * K, 2 * K, 0, 8) == x);
+  CHECK(b.pool.cached_count() == 0);
+  CHECK(b.sound());
+  b.pool.release(*x, b.streams.on_free(0));
+  b.pool.unmap_cached();
+  CHECK(b.held.stitched.current == 0);
+  CHECK(b.large.slot_of(b.base + K).stitch_refs == 0);
+  CHECK(b.sound());
+}
+
+namespace {
+
+/// Evicts the most recently used block: a policy the allocator knows nothing of.
+struct evict_newest {
+  bool over_capacity(gmlake::stitch_cache_view v) const noexcept { return v.inactive_blocks > 1; }
+  gmlake::stitch_info victim(const gmlake::stitch_cache_entries& e) const noexcept {
+    return e.at(e.by_age, e.size() - 1);
+  }
+};
+static_assert(gmlake::EvictionPolicy<evict_newest>);
+
+} // namespace
+
+TEST_CASE("stitch pool: eviction unmaps the victim the policy picks from the cache") {
+  bench b;
+  detail::stitch_block* x = b.two(0, 2);
+  const detail::stitch_piece three[] = {{b.base + 4 * K, K}, {b.base + 6 * K, K}, {b.base + 1 * K, K}};
+  detail::stitch_block* y = b.pool.build(three);
+  detail::stitch_block* z = b.two(3, 5);
+  REQUIRE((x && y && z));
+  for (auto* s : {x, y, z}) REQUIRE(b.pool.claim(*s, K, K, 0));
+  for (auto* s : {x, y, z}) b.pool.release(*s, b.streams.on_free(0));
+  REQUIRE(b.pool.cached_count() == 3);
+  const std::uintptr_t px = x->pointer, py = y->pointer, pz = z->pointer;
+
+  SUBCASE("the policy's own choice: the newest goes, until one is left") {
+    CHECK(b.pool.evict(evict_newest{}) == 2);
+    CHECK(b.pool.find(pz) == nullptr);
+    CHECK(b.pool.find(py) == nullptr);
+    CHECK(b.pool.find(px) != nullptr);
+  }
+  SUBCASE("evict_largest: the largest goes first") {
+    CHECK(b.pool.evict(policy::evict_largest{4 * K, 4096}) == 1);
+    CHECK(b.pool.find(py) == nullptr);
+    CHECK(b.pool.cached_bytes() == 4 * K);
+  }
+  SUBCASE("lru: the least recently used goes first") {
+    CHECK(b.pool.evict(policy::lru{5 * K, 4096}) == 1);
+    CHECK(b.pool.find(px) == nullptr);
+    CHECK(b.pool.find(py) != nullptr);
+  }
+  SUBCASE("no_cache: all go") {
+    CHECK(b.pool.evict(policy::no_cache{}) == 3);
+    CHECK(b.pool.cached_count() == 0);
+  }
+  CHECK(b.sound());
+}
+
+TEST_CASE("stitch pool: check() finds a stitch reference count that does not match the blocks") {
+  bench b;
+  detail::stitch_block* x = b.two(0, 2);
+  REQUIRE(x != nullptr);
+  REQUIRE(b.pool.claim(*x, 2 * K, 2 * K, 0));
+  std::size_t live = 0;
+  CHECK(b.pool.check(live));
+  CHECK(live == 1);
+  b.large.pin(b.base + K, b.base + K + 1, 1);  // a count with no block behind it
+  live = 0;
+  CHECK(!b.pool.check(live));
+  b.large.pin(b.base + K, b.base + K + 1, -1);
+  live = 0;
+  CHECK(b.pool.check(live));
+  b.pool.release(*x, b.streams.on_free(0));
+}
