@@ -236,7 +236,7 @@ outcome replay(const trace& t, const char* name, const knobs& k, Allocator& a) {
       case event::alloc: {
         const double us_before = k.log_driver && seen4 ? a.backend().counts().us : 0;
         const auto calls_before = k.log_driver && seen4 ? a.backend().counts().calls : decltype(at4.calls){};
-        void* p = a.try_allocate(e.bytes, e.stream);
+        void* p = a.try_allocate(e.bytes, gmlake::host_stream{e.stream});
         ++ops;
         if (k.log_driver && seen4 && a.backend().counts().us > us_before) {
           const auto& now_c = a.backend().counts();
@@ -271,7 +271,7 @@ outcome replay(const trace& t, const char* name, const knobs& k, Allocator& a) {
       }
       case event::free:
         if (ptrs[e.id] != nullptr) {
-          a.deallocate(ptrs[e.id], 0, streams[e.id]);  // PyTorch frees on the allocating stream
+          a.deallocate(ptrs[e.id], 0, gmlake::host_stream{streams[e.id]});  // PyTorch frees on the allocating stream
           ++ops;
           live -= sizes[e.id];
           ptrs[e.id] = nullptr;
@@ -322,7 +322,7 @@ outcome replay(const trace& t, const char* name, const knobs& k, Allocator& a) {
   o.invariants = a.check_invariants();
   // Leave nothing behind: free what the trace never freed.
   for (std::size_t i = 0; i < ptrs.size(); ++i)
-    if (ptrs[i]) a.deallocate(ptrs[i], 0, streams[i]);
+    if (ptrs[i]) a.deallocate(ptrs[i], 0, gmlake::host_stream{streams[i]});
   a.release_cached();
   o.invariants = o.invariants && a.check_invariants() && a.stats().reserved_bytes.current == 0;
   return o;

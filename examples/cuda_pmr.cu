@@ -29,7 +29,8 @@ int main() {
     std::printf("no CUDA device: %s\n", cuda_vmm::unavailable_reason().c_str());
     return 77;
   }
-  gmlake::memory_resource<cuda_vmm> gpu{cuda_vmm(0)};
+  gmlake::allocator<cuda_vmm> a{cuda_vmm(0)};
+  gmlake::memory_resource gpu(a);  // a std::pmr view of `a`, on the default stream
   std::pmr::polymorphic_allocator<float> alloc(&gpu);
   const auto& lake = gpu.allocator();
 

@@ -1,6 +1,7 @@
 // A std::pmr container on gmlake, on the host backend that really maps memory:
 // vectors grow, free their old buffers, and a large request is served by
 // stitching the freed chunks instead of reserving more.
+#include <gmlake/backend/host_memfd.hpp>
 #include <gmlake/gmlake.hpp>
 
 #include <cstdio>
@@ -11,7 +12,8 @@ int main() {
   constexpr std::size_t chunk = 64 << 10;  // small chunks so the example stays small
   gmlake::options opt;
   opt.small_max = 16 << 10;
-  gmlake::memory_resource<gmlake::backend::host_memfd> mr(gmlake::backend::host_memfd(64 << 20, chunk), opt);
+  gmlake::allocator<gmlake::backend::host_memfd> a(gmlake::backend::host_memfd(64 << 20, chunk), opt);
+  gmlake::memory_resource mr(a);  // a std::pmr view of `a`, on the default stream
 
   // Four blocks of two chunks; free every other one: 4 chunks free, none adjacent.
   std::vector<void*> blocks;

@@ -7,6 +7,7 @@
 // and read(dst, src, n) to move bytes between host buffers and allocated memory.
 #pragma once
 
+#include <gmlake/backend/host_memfd.hpp>
 #include <gmlake/gmlake.hpp>
 #include <doctest/doctest.h>
 

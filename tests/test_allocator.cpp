@@ -1,5 +1,6 @@
 // tests/test_allocator.cpp - targeted tests of basic_allocator: BestFit states, the
 // stitched-block cache, eviction, stream order, statistics, misuse, std::pmr.
+#include <gmlake/backend/host_memfd.hpp>
 #include <gmlake/gmlake.hpp>
 #include <doctest/doctest.h>
 
@@ -424,26 +425,26 @@ TEST_CASE("release_cached returns the bytes it releases") {
 TEST_CASE("stream-ordered reuse") {
   gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), opts(), one_slot());
   a.backend().set_auto_complete(false);
-  void* p = a.allocate(C, 1);
-  void* fence = a.allocate(C, 1);  // keeps p's range apart from growth
-  a.deallocate(p, C, 1);
-  void* p2 = a.allocate(C, 1);
+  void* p = a.allocate(C, gmlake::host_stream{1});
+  void* fence = a.allocate(C, gmlake::host_stream{1});  // keeps p's range apart from growth
+  a.deallocate(p, C, gmlake::host_stream{1});
+  void* p2 = a.allocate(C, gmlake::host_stream{1});
   CHECK(p2 == p);  // same stream: at once
-  a.deallocate(p2, C, 1);
-  void* q = a.allocate(C, 2);
+  a.deallocate(p2, C, gmlake::host_stream{1});
+  void* q = a.allocate(C, gmlake::host_stream{2});
   CHECK(q != nullptr);
   CHECK(q != p);  // stream 1's work is pending
-  CHECK(a.backend().pending(1));
-  a.backend().complete(1);
-  void* r = a.allocate(C, 2);
+  CHECK(a.backend().pending(gmlake::host_stream{1}));
+  a.backend().complete(gmlake::host_stream{1});
+  void* r = a.allocate(C, gmlake::host_stream{2});
   CHECK(r == p);  // done: usable on stream 2
-  a.deallocate(q, C, 2);
-  a.deallocate(r, C, 2);
-  a.deallocate(fence, C, 1);
+  a.deallocate(q, C, gmlake::host_stream{2});
+  a.deallocate(r, C, gmlake::host_stream{2});
+  a.deallocate(fence, C, gmlake::host_stream{1});
   CHECK(a.check_invariants());
   gmlake_test::check_released(a);  // release_cached waits for pending work
-  CHECK(!a.backend().pending(1));
-  CHECK(!a.backend().pending(2));
+  CHECK(!a.backend().pending(gmlake::host_stream{1}));
+  CHECK(!a.backend().pending(gmlake::host_stream{2}));
 }
 
 // Regression: growth merges the new chunks with an adjacent free range that may still
@@ -453,12 +454,12 @@ TEST_CASE("stream-ordered reuse") {
 TEST_CASE("stream order: growth next to a range pending on another stream") {
   gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), opts(), one_slot());
   a.backend().set_auto_complete(false);
-  void* p = a.allocate(C, 1);
-  a.deallocate(p, C, 1);
-  void* q = a.allocate(C, 2);
+  void* p = a.allocate(C, gmlake::host_stream{1});
+  a.deallocate(p, C, gmlake::host_stream{1});
+  void* q = a.allocate(C, gmlake::host_stream{2});
   CHECK(q != p);
   CHECK(a.check_invariants());
-  a.deallocate(q, C, 2);
+  a.deallocate(q, C, gmlake::host_stream{2});
   gmlake_test::check_released(a);
 }
 
@@ -466,22 +467,22 @@ TEST_CASE("stream-ordered reuse in the small arena") {
   gmlake::gmlake_allocator<simulated> a(simulated(cap, C), opts(), one_slot());
   a.backend().set_auto_complete(false);
   std::vector<void*> v;
-  for (int i = 0; i < 16; ++i) v.push_back(a.allocate(4 * kib, 7));  // one whole chunk
+  for (int i = 0; i < 16; ++i) v.push_back(a.allocate(4 * kib, gmlake::host_stream{7}));  // one whole chunk
   CHECK(reserved(a) == static_cast<std::int64_t>(C));
   void* p = v[0];
-  a.deallocate(p, 0, 7);
-  void* q = a.allocate(4 * kib, 8);
+  a.deallocate(p, 0, gmlake::host_stream{7});
+  void* q = a.allocate(4 * kib, gmlake::host_stream{8});
   CHECK(q != p);
-  void* p2 = a.allocate(4 * kib, 7);
+  void* p2 = a.allocate(4 * kib, gmlake::host_stream{7});
   CHECK(p2 == p);
-  a.deallocate(p2, 0, 7);
-  void* r = a.allocate(4 * kib, 8);
+  a.deallocate(p2, 0, gmlake::host_stream{7});
+  void* r = a.allocate(4 * kib, gmlake::host_stream{8});
   CHECK(r != p);
-  a.backend().complete(7);
-  void* s = a.allocate(4 * kib, 8);
+  a.backend().complete(gmlake::host_stream{7});
+  void* s = a.allocate(4 * kib, gmlake::host_stream{8});
   CHECK(s == p);
-  for (void* x : {q, r, s}) a.deallocate(x, 0, 8);
-  for (int i = 1; i < 16; ++i) a.deallocate(v[i], 0, 7);
+  for (void* x : {q, r, s}) a.deallocate(x, 0, gmlake::host_stream{8});
+  for (int i = 1; i < 16; ++i) a.deallocate(v[i], 0, gmlake::host_stream{7});
   gmlake_test::check_released(a);
 }
 
@@ -580,8 +581,10 @@ TEST_CASE("an alignment that is not a power of two gives nullptr, also below 512
 }
 
 TEST_CASE("std::pmr::memory_resource") {
-  gmlake::memory_resource<host_memfd> mr(host_memfd(cap, C), opts(), one_slot());
-  gmlake::memory_resource<host_memfd> other(host_memfd(cap, C), opts(), one_slot());
+  gmlake::allocator<host_memfd> a(host_memfd(cap, C), opts(), one_slot());
+  gmlake::allocator<host_memfd> b(host_memfd(cap, C), opts(), one_slot());
+  gmlake::memory_resource mr(a);
+  gmlake::memory_resource other(b);
   {
     std::pmr::vector<int> v(&mr);
     for (int i = 0; i < 100000; ++i) v.push_back(i);
@@ -612,11 +615,39 @@ TEST_CASE("std::pmr::memory_resource") {
   void* p = mr.allocate(100, C);
   CHECK(reinterpret_cast<std::uintptr_t>(p) % C == 0);
   mr.deallocate(p, 100, C);
-  mr.set_stream(3);
-  void* q = mr.allocate(2 * C, 64);
-  mr.deallocate(q, 2 * C, 64);
-  gmlake_test::check_released(mr.allocator());
-  gmlake_test::check_released(other.allocator());
+  auto on3 = mr.on(gmlake::host_stream{3});
+  void* q = on3.allocate(2 * C, 64);
+  on3.deallocate(q, 2 * C, 64);
+  gmlake_test::check_released(a);
+  gmlake_test::check_released(b);
+}
+
+TEST_CASE("std::pmr views on two streams share one allocator: one pool") {
+  gmlake::allocator<host_memfd> a(host_memfd(cap, C), opts(), one_slot());
+  gmlake::memory_resource on1(a, gmlake::host_stream{1});
+  gmlake::memory_resource on2 = on1.on(gmlake::host_stream{2});
+  CHECK(&on1.allocator() == &on2.allocator());
+  CHECK(on1.stream() == gmlake::host_stream{1});
+  CHECK(on2.stream() == gmlake::host_stream{2});
+  CHECK(!on1.is_equal(on2));  // a free through on2 would be on stream 2
+  CHECK(on1.is_equal(gmlake::memory_resource(a, gmlake::host_stream{1})));
+  const std::size_t n = 3 * C / sizeof(int);
+  {
+    std::pmr::vector<int> v1(n, 1, &on1);
+    std::pmr::vector<int> v2(n, 2, &on2);
+    const gmlake::statistics s = a.stats();
+    CHECK(s.allocations.current == 2);  // both vectors, one allocator
+    CHECK(s.requested_bytes.current == static_cast<std::int64_t>(6 * C));
+    CHECK((v1.back() == 1 && v2.back() == 2));
+  }
+  // What both streams freed is one pool: serving stream 2 again needs no new memory.
+  const std::int64_t reserved = a.stats().reserved_bytes.current;
+  {
+    std::pmr::vector<int> v3(2 * n, 3, &on2);
+    CHECK(a.stats().reserved_bytes.current == reserved);
+  }
+  CHECK(a.stats().allocations.allocated == 3);
+  gmlake_test::check_released(a);
 }
 
 TEST_CASE("errors") {

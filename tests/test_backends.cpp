@@ -245,13 +245,13 @@ TEST_CASE("host_memfd: released memory is given back zeroed, construction checks
 
 TEST_CASE("host_memfd: streams are forwarded") {
   host_memfd b(2 * mib);
-  auto e = b.record(5);
+  auto e = b.record(gmlake::host_stream{5});
   REQUIRE(e);
   CHECK(b.query(e.value).value);
   b.set_auto_complete(false);
-  auto f = b.record(5);
+  auto f = b.record(gmlake::host_stream{5});
   REQUIRE(f);
-  CHECK(b.pending(5));
+  CHECK(b.pending(gmlake::host_stream{5}));
   CHECK(!b.query(f.value).value);
   CHECK(b.synchronize(f.value) == errc::ok);
   CHECK(b.query(f.value).value);
@@ -355,7 +355,7 @@ TEST_CASE("counting: calls, bytes and failures per kind") {
   CHECK(b.release(c.value) == errc::ok);
   CHECK(b.address_free(va.value, 2 * g) == errc::ok);
   CHECK(b.address_free(va.value, 2 * g) == errc::invalid);
-  auto e = b.record(0);
+  auto e = b.record(gmlake::host_stream{0});
   REQUIRE(e);
   CHECK(b.query(e.value).value);
   CHECK(b.synchronize(e.value) == errc::ok);
@@ -383,9 +383,9 @@ TEST_CASE("counting: calls, bytes and failures per kind") {
   // Members outside the concept go through parent().
   CHECK(b.parent().created_bytes() == 0);
   b.parent().set_auto_complete(false);
-  auto f = b.record(3);
+  auto f = b.record(gmlake::host_stream{3});
   REQUIRE(f);
-  CHECK(b.parent().pending(3));
+  CHECK(b.parent().pending(gmlake::host_stream{3}));
   CHECK(b.counts().calls_of(call::record) == 2);
 
   b.reset_counts();
@@ -422,35 +422,35 @@ TEST_CASE("counting<host_memfd>: forwards to real memory") {
 TEST_CASE("host_streams: auto-complete mode") {
   gmlake::detail::host_streams s;
   CHECK(s.auto_complete());
-  auto e0 = s.record(0);
-  auto e1 = s.record(0);
-  auto e2 = s.record(7);
+  auto e0 = s.record(gmlake::host_stream{0});
+  auto e1 = s.record(gmlake::host_stream{0});
+  auto e2 = s.record(gmlake::host_stream{7});
   REQUIRE((e0 && e1 && e2));
   CHECK(e1.value.ticket == e0.value.ticket + 1);
-  CHECK(e2.value.stream == 7);
+  CHECK(e2.value.stream == gmlake::host_stream{7});
   CHECK(s.query(e0.value).value);
   CHECK(s.query(e1.value).value);
   CHECK(s.query(e2.value).value);
-  CHECK(!s.pending(0));
-  CHECK(!s.pending(7));
+  CHECK(!s.pending(gmlake::host_stream{0}));
+  CHECK(!s.pending(gmlake::host_stream{7}));
   CHECK(s.synchronize(e1.value) == errc::ok);
   CHECK(s.query(gmlake::detail::host_streams::event_type{}).value);  // empty event: done
-  CHECK(s.query({42, 1}).error == errc::invalid);                    // never recorded
-  CHECK(s.synchronize({0, 99}) == errc::invalid);
+  CHECK(s.query({gmlake::host_stream{42}, 1}).error == errc::invalid);                    // never recorded
+  CHECK(s.synchronize({gmlake::host_stream{0}, 99}) == errc::invalid);
   s.destroy(e0.value);
 }
 
 TEST_CASE("host_streams: manual mode") {
   gmlake::detail::host_streams s;
   s.set_auto_complete(false);
-  auto a1 = s.record(1);
-  auto a2 = s.record(1);
-  auto a3 = s.record(1);
-  auto b1 = s.record(2);
+  auto a1 = s.record(gmlake::host_stream{1});
+  auto a2 = s.record(gmlake::host_stream{1});
+  auto a3 = s.record(gmlake::host_stream{1});
+  auto b1 = s.record(gmlake::host_stream{2});
   REQUIRE((a1 && a2 && a3 && b1));
-  CHECK(s.pending(1));
-  CHECK(s.pending(2));
-  CHECK(!s.pending(3));  // never used
+  CHECK(s.pending(gmlake::host_stream{1}));
+  CHECK(s.pending(gmlake::host_stream{2}));
+  CHECK(!s.pending(gmlake::host_stream{3}));  // never used
   CHECK(!s.query(a1.value).value);
   CHECK(s.query(a1.value).error == errc::ok);
 
@@ -463,17 +463,17 @@ TEST_CASE("host_streams: manual mode") {
   CHECK(s.synchronize(a1.value) == errc::ok);  // already done: no going back
   CHECK(s.query(a2.value).value);
 
-  s.complete(1);
+  s.complete(gmlake::host_stream{1});
   CHECK(s.query(a3.value).value);
-  CHECK(!s.pending(1));
-  CHECK(s.pending(2));
+  CHECK(!s.pending(gmlake::host_stream{1}));
+  CHECK(s.pending(gmlake::host_stream{2}));
   s.complete_all();
   CHECK(s.query(b1.value).value);
-  CHECK(!s.pending(2));
+  CHECK(!s.pending(gmlake::host_stream{2}));
 
   // Back to auto: new work finishes at once.
   s.set_auto_complete(true);
-  auto a4 = s.record(1);
+  auto a4 = s.record(gmlake::host_stream{1});
   REQUIRE(a4);
   CHECK(s.query(a4.value).value);
 }

@@ -6,6 +6,7 @@
 // and is ignored at 0. Either way the allocator's state is as before the bad call:
 // check_invariants() holds, the other blocks keep their data, and everything is
 // released at the end.
+#include <gmlake/backend/host_memfd.hpp>
 #include <gmlake/gmlake.hpp>
 #include <doctest/doctest.h>
 
@@ -149,7 +150,7 @@ TEST_CASE("bad input: SIZE_MAX and sizes above capacity fail at once, state unch
   for (std::size_t n : {SIZE_MAX, SIZE_MAX - 1, SIZE_MAX - 511, SIZE_MAX / 2 + 1, cap + 1, 2 * cap}) {
     CAPTURE(n);
     CHECK(a.try_allocate(n) == nullptr);
-    CHECK(a.try_allocate(n, 5) == nullptr);
+    CHECK(a.try_allocate(n, gmlake::host_stream{5}) == nullptr);
     try {
       (void)a.allocate(n);
       CHECK(false);
@@ -168,11 +169,12 @@ TEST_CASE("bad input: SIZE_MAX and sizes above capacity fail at once, state unch
   void* all = a.allocate(cap);
   CHECK(all != nullptr);
   a.deallocate(all);
-  gmlake::memory_resource<simulated> mr(simulated(cap, C), hooked());
+  memfd_alloc m(host_memfd(cap, C), hooked());
+  gmlake::memory_resource mr(m);
   CHECK_THROWS_AS((void)mr.allocate(SIZE_MAX, 8), gmlake::out_of_memory);
   CHECK(misuses == 0);
   gmlake_test::check_released(a);
-  gmlake_test::check_released(mr.allocator());
+  gmlake_test::check_released(m);
 }
 
 TEST_CASE("bad input: alignment not a power of two, or above the chunk size") {
@@ -181,20 +183,21 @@ TEST_CASE("bad input: alignment not a power of two, or above the chunk size") {
   for (std::size_t al : {std::size_t{0}, std::size_t{3}, std::size_t{100}, std::size_t{768}, C + 512, 2 * C,
                          std::size_t{1} << 63, SIZE_MAX}) {
     CAPTURE(al);
-    CHECK(a.try_allocate(100, 0, al) == nullptr);
-    CHECK(a.try_allocate(3 * C, 0, al) == nullptr);
-    CHECK_THROWS_AS((void)a.allocate(100, 0, al), gmlake::out_of_memory);
+    CHECK(a.try_allocate(100, {}, al) == nullptr);
+    CHECK(a.try_allocate(3 * C, {}, al) == nullptr);
+    CHECK_THROWS_AS((void)a.allocate(100, {}, al), gmlake::out_of_memory);
   }
   CHECK(a.stats().allocations.current == 0);
   CHECK(a.stats().reserved_bytes.current == 0);
   // The largest valid alignment is the chunk size.
-  void* p = a.allocate(100, 0, C);
+  void* p = a.allocate(100, {}, C);
   CHECK(reinterpret_cast<std::uintptr_t>(p) % C == 0);
-  void* q = a.allocate(3 * C, 0, C);
+  void* q = a.allocate(3 * C, {}, C);
   CHECK(reinterpret_cast<std::uintptr_t>(q) % C == 0);
   a.deallocate(p);
   a.deallocate(q);
-  gmlake::memory_resource<host_memfd> mr(host_memfd(cap, C), hooked());
+  memfd_alloc m(host_memfd(cap, C), hooked());
+  gmlake::memory_resource mr(m);
   for (std::size_t al : {std::size_t{3}, 2 * C, SIZE_MAX}) CHECK_THROWS_AS((void)mr.allocate(64, al), gmlake::bad_alignment);
   CHECK(misuses == 0);
   gmlake_test::check_released(a);
@@ -283,16 +286,16 @@ TEST_CASE("bad input: free on a stream other than the allocating one is defined"
   misuses = 0;
   memfd_alloc a(host_memfd(cap, C), hooked());
   a.backend().set_auto_complete(false);
-  void* p = a.allocate(C, 1);
-  void* fence = a.allocate(C, 1);
-  a.deallocate(p, C, 2);  // allocated on 1, freed on 2
-  void* on1 = a.allocate(C, 1);
+  void* p = a.allocate(C, gmlake::host_stream{1});
+  void* fence = a.allocate(C, gmlake::host_stream{1});
+  a.deallocate(p, C, gmlake::host_stream{2});  // allocated on 1, freed on 2
+  void* on1 = a.allocate(C, gmlake::host_stream{1});
   CHECK(on1 != p);  // stream 2's work is pending: stream 1 must wait
-  void* on2 = a.allocate(C, 2);
+  void* on2 = a.allocate(C, gmlake::host_stream{2});
   CHECK(on2 == p);  // reused on the stream it was freed on
-  a.deallocate(on1, C, 1);
-  a.deallocate(on2, C, 99);  // a stream never seen before
-  a.deallocate(fence, C, 1);
+  a.deallocate(on1, C, gmlake::host_stream{1});
+  a.deallocate(on2, C, gmlake::host_stream{99});  // a stream never seen before
+  a.deallocate(fence, C, gmlake::host_stream{1});
   CHECK(misuses == 0);
   CHECK(a.check_invariants());
   gmlake_test::check_released(a);

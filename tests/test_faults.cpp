@@ -14,6 +14,7 @@
 //  - after release_cached() and the destructor, the real backend holds nothing:
 //    no chunk, no mapping, no reservation; and, counted below the fault injector,
 //    every chunk created was released and every reservation freed.
+#include <gmlake/backend/host_memfd.hpp>
 #include <gmlake/gmlake.hpp>
 #include <doctest/doctest.h>
 
@@ -81,12 +82,12 @@ class driver {
     void* p = nullptr;
     if (throwing) {
       try {
-        p = a_.allocate(n, stream);
+        p = a_.allocate(n, gmlake::host_stream{stream});
       } catch (const gmlake::out_of_memory& e) {
         if (e.bytes() != n) ++o_.spurious;
       }
     } else {
-      p = a_.try_allocate(n, stream);
+      p = a_.try_allocate(n, gmlake::host_stream{stream});
     }
     if (p == nullptr) {
       ++o_.reported;
@@ -104,7 +105,7 @@ class driver {
     auto& b = slot(name);
     if (!b) return;
     if (!intact(*b)) ++o_.bad_data;
-    a_.deallocate(b->p, b->n, stream.value_or(b->stream));
+    a_.deallocate(b->p, b->n, gmlake::host_stream{stream.value_or(b->stream)});
     b.reset();
     check();
   }
@@ -354,12 +355,12 @@ TEST_CASE("faults: the fault injector counts, fails the n-th call, forwards the 
   CHECK(b.injected() == 1);
   b.fail_at(fault::event, 1, errc::driver, true);
   b.reset_counts();
-  CHECK(b.record(0).error == errc::driver);
+  CHECK(b.record(gmlake::host_stream{0}).error == errc::driver);
   CHECK(b.synchronize({}) == errc::driver);
   CHECK(b.query({}).error == errc::driver);
   CHECK(b.injected() == 3);
   b.disarm();
-  CHECK(b.record(0));
+  CHECK(b.record(gmlake::host_stream{0}));
   CHECK(b.total_calls() == 4);
 }
 
@@ -374,13 +375,13 @@ TEST_CASE("faults: the destructor ends even when no event call succeeds") {
     alloc_t a(faulty(&backend), opt, policy::best_fit_pieces{}, policy::lru{});
     a.backend().parent().target().parent().set_auto_complete(false);
     std::vector<void*> four;
-    for (int i = 0; i < 4; ++i) four.push_back(a.allocate(2 * C, 1));
-    a.deallocate(four[0], 0, 1);
-    a.deallocate(four[2], 0, 1);
-    void* x = a.allocate(4 * C, 1);
-    a.deallocate(x, 0, 1);  // cached, its stream work pending
-    a.deallocate(four[1], 0, 1);
-    a.deallocate(four[3], 0, 1);
+    for (int i = 0; i < 4; ++i) four.push_back(a.allocate(2 * C, gmlake::host_stream{1}));
+    a.deallocate(four[0], 0, gmlake::host_stream{1});
+    a.deallocate(four[2], 0, gmlake::host_stream{1});
+    void* x = a.allocate(4 * C, gmlake::host_stream{1});
+    a.deallocate(x, 0, gmlake::host_stream{1});  // cached, its stream work pending
+    a.deallocate(four[1], 0, gmlake::host_stream{1});
+    a.deallocate(four[3], 0, gmlake::host_stream{1});
     REQUIRE(a.stats().stitched_blocks.current == 1);
     a.backend().fail_at(fault::event, 1, gmlake::errc::driver, true);
     CHECK(a.release_cached() == 0);  // cannot wait: releases nothing, breaks nothing
@@ -404,21 +405,21 @@ TEST_CASE("faults (fuzz regression): extension into a hole between two pending f
     return o;
   }());
   a.backend().set_auto_complete(false);
-  void* x = a.allocate(C, 1);      // [0, C)
-  void* y = a.allocate(C, 1);      // [C, 2C): becomes the hole
-  void* z = a.allocate(2 * C, 1);  // [2C, 4C)
-  void* w = a.allocate(C, 1);      // fence
+  void* x = a.allocate(C, gmlake::host_stream{1});      // [0, C)
+  void* y = a.allocate(C, gmlake::host_stream{1});      // [C, 2C): becomes the hole
+  void* z = a.allocate(2 * C, gmlake::host_stream{1});  // [2C, 4C)
+  void* w = a.allocate(C, gmlake::host_stream{1});      // fence
   REQUIRE(static_cast<char*>(y) == static_cast<char*>(x) + C);
   REQUIRE(static_cast<char*>(z) == static_cast<char*>(y) + C);
-  a.deallocate(y, C, 1);
+  a.deallocate(y, C, gmlake::host_stream{1});
   CHECK(a.release_cached() == C);
-  a.deallocate(x, C, 2);      // pending on stream 2
-  a.deallocate(z, 2 * C, 1);  // pending on stream 1
-  void* p = a.allocate(3 * C, 1);
+  a.deallocate(x, C, gmlake::host_stream{2});      // pending on stream 2
+  a.deallocate(z, 2 * C, gmlake::host_stream{1});  // pending on stream 1
+  void* p = a.allocate(3 * C, gmlake::host_stream{1});
   CHECK(p != x);  // never bytes stream 2 may still use
   std::memset(p, 1, 3 * C);
   CHECK(a.check_invariants());
-  a.deallocate(p, 3 * C, 1);
-  a.deallocate(w, C, 1);
+  a.deallocate(p, 3 * C, gmlake::host_stream{1});
+  a.deallocate(w, C, gmlake::host_stream{1});
   gmlake_test::check_released(a);
 }

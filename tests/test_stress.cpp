@@ -5,6 +5,7 @@
 // with a pattern in each (checked at its free on the real-memory backend), and
 // thread 0 calls release_cached() now and then, thread 1 stats(); at the end
 // everything is released and the invariants hold.
+#include <gmlake/backend/host_memfd.hpp>
 #include <gmlake/gmlake.hpp>
 #include <doctest/doctest.h>
 
@@ -67,7 +68,7 @@ void run_stress(Alloc& a, bool real) {
     auto free_one = [&] {
       const std::size_t k = rng() % mine.size();
       if (real && !ok(mine[k])) ++bad_data;
-      a.deallocate(mine[k].p, mine[k].n, mine[k].stream);
+      a.deallocate(mine[k].p, mine[k].n, gmlake::host_stream{mine[k].stream});
       mine[k] = mine.back();
       mine.pop_back();
     };
@@ -84,7 +85,7 @@ void run_stress(Alloc& a, bool real) {
       else n = C + rng() % (2 * C);
       // Streams: mostly the thread's own, sometimes the default one.
       const std::uintptr_t stream = (rng() % 4 == 0) ? 0 : static_cast<std::uintptr_t>(t + 1);
-      void* p = a.try_allocate(n, stream);
+      void* p = a.try_allocate(n, gmlake::host_stream{stream});
       if (p == nullptr) {
         ++nulls;
         if (!mine.empty()) free_one();

@@ -89,6 +89,27 @@ concept BackendDiagnostics = requires(B& b, const B& cb) {
   { b.clear_failure() } noexcept;
 };
 
+/// Optional flag: a backend whose addresses have no memory behind them (simulated:
+/// address arithmetic only) declares `static constexpr bool memory_accessible = false`;
+/// a decorator that names its `parent_type` has its parent's flag; any other backend
+/// hands out memory that can be read and written (on the host, or on the device).
+/// Where memory is touched (the std::pmr shell) only backends that satisfy this
+/// are accepted, at compile time.
+namespace detail {
+template <class B>
+consteval bool memory_accessible() {
+  if constexpr (requires { { B::memory_accessible } -> std::convertible_to<bool>; })
+    return B::memory_accessible;
+  else if constexpr (requires { typename B::parent_type; })
+    return memory_accessible<typename B::parent_type>();
+  else
+    return true;
+}
+} // namespace detail
+
+template <class B>
+concept BackendMemoryAccessible = PhysicalBackend<B> && detail::memory_accessible<B>();
+
 // ---------------------------------------------------------------- FitStrategy
 
 /// A free range as a FitStrategy sees it.

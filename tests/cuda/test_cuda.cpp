@@ -279,7 +279,8 @@ TEST_CASE("real device OOM: nullptr / out_of_memory, state intact, every byte ba
 }
 
 TEST_CASE("std::pmr over the CUDA backend") {
-  gmlake::memory_resource<cuda_vmm> r{cuda_vmm(0, 32 * device_granularity())};
+  gmlake::allocator<cuda_vmm> a{cuda_vmm(0, 32 * device_granularity())};
+  gmlake::memory_resource r(a);
   void* p = r.allocate(3 << 20, 256);
   REQUIRE(gmlake_gpu::fill(p, 3 << 20, 5, nullptr) == cudaSuccess);
   CHECK(gmlake_gpu::mismatches(p, 3 << 20, 5, nullptr) == 0);

@@ -17,6 +17,7 @@
 // The seed corpus tests/fuzz/corpus holds random seeds, one hand-made stitching
 // program, and inputs that once crashed (regress-*); tests/test_fuzz_corpus.cpp
 // replays them all in the normal test builds.
+#include <gmlake/backend/host_memfd.hpp>
 #include <gmlake/gmlake.hpp>
 
 #include <cstddef>
@@ -146,7 +147,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const std::uint8_t x = r.byte();
         const std::uintptr_t stream = x % 4;
         const std::size_t alignment = (x & 0x40) ? std::size_t{1} << (9 + (x >> 2) % 8) : 512;  // 512 B .. 64 KiB
-        void* p = a.try_allocate(n, stream, alignment);
+        void* p = a.try_allocate(n, gmlake::host_stream{stream}, alignment);
         if (p == nullptr) break;  // out of memory, or a fault: allowed
         if (reinterpret_cast<std::uintptr_t>(p) % alignment != 0) fail("misaligned block", step);
         const block b{static_cast<unsigned char*>(p), n == 0 ? 1 : n, n, stream, ++serial};
@@ -162,7 +163,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (!intact(b, m, true)) fail("block changed before its free", step);
         live[k] = live.back();
         live.pop_back();
-        a.deallocate(b.p, (x & 1) ? b.asked : 0, (x & 2) ? static_cast<std::uintptr_t>(x >> 2) % 4 : b.stream);
+        a.deallocate(b.p, (x & 1) ? b.asked : 0,
+                     gmlake::host_stream{(x & 2) ? static_cast<std::uintptr_t>(x >> 2) % 4 : b.stream});
         break;
       }
       case 7:
@@ -171,7 +173,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       case 8: {  // streams: hold work pending, or finish it
         const std::uint8_t x = r.byte();
         if (x % 3 == 0) m.set_auto_complete(!m.auto_complete());
-        else if (x % 3 == 1) m.complete(x % 4);
+        else if (x % 3 == 1) m.complete(gmlake::host_stream{x % 4u});
         else m.complete_all();
         break;
       }
@@ -190,7 +192,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   a.backend().disarm();
   for (const block& b : live) {
     if (!intact(b, m, true)) fail("block changed by the end", step);
-    a.deallocate(b.p, b.asked, b.stream);
+    a.deallocate(b.p, b.asked, gmlake::host_stream{b.stream});
   }
   m.complete_all();
   (void)a.release_cached();

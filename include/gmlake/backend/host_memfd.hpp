@@ -339,6 +339,6 @@ class host_memfd : public detail::host_streams {
   std::unique_ptr<state> s_;
 };
 
-static_assert(PhysicalBackend<host_memfd>);
+static_assert(PhysicalBackend<host_memfd> && BackendMemoryAccessible<host_memfd>);
 
 } // namespace gmlake::backend

@@ -37,6 +37,8 @@ class simulated : public detail::host_streams {
   };
   using stream_type = detail::host_streams::stream_type;
   using event_type = detail::host_streams::event_type;
+  /// Nothing may be dereferenced (BackendMemoryAccessible is false).
+  static constexpr bool memory_accessible = false;
 
   static constexpr std::size_t default_capacity = std::size_t{1} << 40;     // 1 TiB
   static constexpr std::size_t default_granularity = std::size_t{2} << 20;  // 2 MiB
@@ -156,6 +158,6 @@ class simulated : public detail::host_streams {
   std::size_t reservations_ = 0;
 };
 
-static_assert(PhysicalBackend<simulated>);
+static_assert(PhysicalBackend<simulated> && !BackendMemoryAccessible<simulated>);
 
 } // namespace gmlake::backend

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../errors.hpp"
+#include "../host_stream.hpp"
 
 namespace gmlake::detail {
 
@@ -25,13 +26,13 @@ namespace gmlake::detail {
 /// hooks, not part of the concept.
 class host_streams {
  public:
-  /// Any value is a stream; 0 is the default stream.
-  using stream_type = std::uintptr_t;
+  /// Any value is a stream; host_stream{} (0) is the default stream.
+  using stream_type = host_stream;
 
   /// Finishes when the `ticket`-th event recorded on `stream` has finished.
   /// A default-constructed event (ticket 0) has always finished.
   struct event_type {
-    stream_type stream = 0;
+    stream_type stream{};
     std::uint64_t ticket = 0;
     friend bool operator==(const event_type&, const event_type&) = default;
   };
@@ -93,7 +94,7 @@ class host_streams {
 
  private:
   struct entry {
-    stream_type stream = 0;
+    stream_type stream{};
     std::uint64_t submitted = 0;
     std::uint64_t completed = 0;
   };
