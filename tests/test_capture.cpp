@@ -1,6 +1,7 @@
 // tests/test_capture.cpp - capture mode (CUDA graph capture) and the layout walk
 // behind memory snapshots.
 #include <gmlake/gmlake.hpp>
+#include <gmlake/backend/host_memfd.hpp>
 #include <doctest/doctest.h>
 
 #include "support.hpp"
@@ -15,6 +16,7 @@ using gmlake::call;
 using gmlake::backend::counting;
 using gmlake::backend::host_memfd;
 
+constexpr gmlake::host_stream s1{1}, s2{2};
 constexpr std::size_t C = 64 * 1024;  // host_memfd's chunk here
 constexpr std::size_t cap = 256 * C;
 
@@ -37,20 +39,20 @@ std::uint64_t calls(const gmlake::statistics& s, call c) { return s.calls[static
 TEST_CASE("capture mode: no event, no release, no unmap; growth still works") {
   gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), opts(), one_slot());
   a.backend().set_auto_complete(false);
-  void* big = a.allocate(40 * C, 1);
-  void* small = a.allocate(1000, 1);
-  a.deallocate(big, 40 * C, 1);  // pending on stream 1
+  void* big = a.allocate(40 * C, s1);
+  void* small = a.allocate(1000, s1);
+  a.deallocate(big, 40 * C, s1);  // pending on stream 1
   a.set_capture_mode(true);
   CHECK(a.capture_mode());
   const auto before = a.stats();
   // Another stream may not take stream 1's pending bytes (that would need an event):
-  void* other = a.allocate(40 * C, 2);
+  void* other = a.allocate(40 * C, s2);
   REQUIRE(other != nullptr);
   CHECK(other != big);
   // Same stream: stream order makes it usable at once.
-  void* same = a.allocate(40 * C, 1);
+  void* same = a.allocate(40 * C, s1);
   CHECK(same == big);
-  a.deallocate(same, 40 * C, 1);
+  a.deallocate(same, 40 * C, s1);
   CHECK(a.release_cached() == 0);  // nothing released while capturing
   const auto during = a.stats();
   CHECK(calls(during, call::record) == calls(before, call::record));
@@ -58,8 +60,8 @@ TEST_CASE("capture mode: no event, no release, no unmap; growth still works") {
   CHECK(calls(during, call::release) == calls(before, call::release));
   CHECK(a.check_invariants());
   a.set_capture_mode(false);
-  a.deallocate(other, 40 * C, 2);
-  a.deallocate(small, 1000, 1);
+  a.deallocate(other, 40 * C, s2);
+  a.deallocate(small, 1000, s1);
   gmlake_test::check_released(a);
 }
 
