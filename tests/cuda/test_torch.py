@@ -135,18 +135,22 @@ def checks(allocator, out_dir):
         del a
         return b @ w2
 
+    def warm_up(*args):
+        """Runs f on a side stream first, as torch.cuda.graph's documentation asks."""
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                f(*args)
+        torch.cuda.current_stream().wait_stream(s)
+
     @check("graph")
     def _():
         torch.manual_seed(0)
         x = torch.randn(512, 1024, device=dev)
         w1 = torch.randn(1024, 4096, device=dev)
         w2 = torch.randn(4096, 256, device=dev)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                f(x, w1, w2)
-        torch.cuda.current_stream().wait_stream(s)
+        warm_up(x, w1, w2)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             out = f(x, w1, w2)
@@ -168,11 +172,7 @@ def checks(allocator, out_dir):
         w1 = torch.randn(1024, 2048, device=dev)
         w2 = torch.randn(2048, 512, device=dev)
         w4 = torch.randn(512, 1024, device=dev)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            f(x, w1, w2)
-        torch.cuda.current_stream().wait_stream(s)
+        warm_up(x, w1, w2)
         pool = torch.cuda.graph_pool_handle()
         g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
         with torch.cuda.graph(g1, pool=pool):
