@@ -8,7 +8,7 @@ process): with PyTorch's native caching allocator, then with gmlake installed by
 gmlake_torch.enable() (the _gmlake_torch extension must be importable: pip install
 --no-build-isolation ./examples/torch). Prints one line per check and allocator and
 exits 0 when every check passed under gmlake and gave the same result as under the
-native allocator, 1 otherwise, 77 (skip) without torch or a GPU. OUT_DIR receives
+native allocator, 1 otherwise, 77 (skip) without torch, a GPU or the extension. OUT_DIR receives
 the memory snapshot (pickle, for https://pytorch.org/memory_viz) and the layout picture.
 
 The checks: torch.cuda memory statistics calls; empty_cache;
@@ -286,6 +286,12 @@ def main():
         return 77
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device")
+        return 77
+    try:
+        import _gmlake_torch  # noqa: F401
+    except ImportError:
+        print("SKIP: the extension _gmlake_torch is not installed "
+              "(pip install --no-build-isolation ./examples/torch)")
         return 77
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "torch-test")
     os.makedirs(out_dir, exist_ok=True)
