@@ -487,3 +487,28 @@ TEST_CASE("reliability: random faults of every kind, every configuration, the ba
   CHECK(t.broken == 0);
   CHECK(t.leaks == 0);
 }
+
+// Issue 15, 4: the shortfall was created in one contiguous address range only; with
+// the arena's address space cut into holes smaller than the request, a request
+// failed while the backend had the memory.
+TEST_CASE("reliability: shortfall chunks in several address ranges") {
+  gmlake::options o = small_opts();
+  o.va_factor = 1;  // the arena's address space is the capacity: holes are what frees leave
+  gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), o);
+  std::vector<void*> all;
+  for (std::size_t i = 0; i < cap / C; ++i) all.push_back(a.allocate(C));
+  for (std::size_t i = 0; i < all.size(); i += 2) {
+    a.deallocate(all[i]);
+    all[i] = nullptr;
+  }
+  (void)a.release_cached();  // 32 holes of one chunk, 32 chunks free in the backend
+  REQUIRE(a.stats().reserved_bytes.current == static_cast<std::int64_t>(cap / 2));
+  void* p = a.try_allocate(8 * C);
+  REQUIRE(p != nullptr);
+  touch(p, 8 * C, 6);
+  CHECK(a.check_invariants());
+  a.deallocate(p);
+  for (void* q : all)
+    if (q) a.deallocate(q);
+  gmlake_test::check_released(a);
+}

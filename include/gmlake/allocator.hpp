@@ -340,7 +340,30 @@ class basic_allocator {
       if (!usable(*r.value)) return take_at(a, *r.value, fresh, size, requested, fit_state::s4_shortfall);
       return take(a, *r.value, size, requested, alignment, fit_state::s4_shortfall);
     }
+    if (stitching && stitch_.create_shortfall()) return stitch_scattered(size, requested, s, alignment);
     return nullptr;
+  }
+
+  /// S4 when no hole holds the shortfall (the address space is cut up, though the
+  /// backend has memory): creates it in several holes, then stitches (S3). Runs
+  /// only where every other way failed.
+  void* stitch_scattered(std::size_t size, std::size_t requested, std::uint32_t s, std::size_t alignment) noexcept {
+    const bool chunk_start = alignment > block_alignment;
+    std::size_t need = round_up(size, slot_);
+    {
+      stitch_planner plan(slot_, stitch_.edge_min(), large_.ends(), chunk_start);
+      if (plan_stitch(plan, size, s, true)) need = plan.fresh();
+    }
+    const std::size_t pieces = stitch_.max_pieces();
+    if (need == 0 || pieces == 0 || large_.grow_scattered(need, pieces, growth(false)) < need) return nullptr;
+    stitch_planner plan(slot_, stitch_.edge_min(), large_.ends(), chunk_start);
+    if (!plan_stitch(plan, size, s, false) || plan.fresh() != 0) return nullptr;  // the new chunks stay free
+    void* p = stitch(plan, size, requested, s, alignment);
+    if (p != nullptr) {  // counted as what it is: new chunks
+      --stats_.fit[static_cast<std::size_t>(fit_state::s3_stitch)];
+      ++stats_.fit[static_cast<std::size_t>(fit_state::s4_shortfall)];
+    }
+    return p;
   }
 
   void* take(arena_type& a, range& f, std::size_t size, std::size_t requested, std::size_t alignment,

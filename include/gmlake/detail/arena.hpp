@@ -308,6 +308,21 @@ class arena {
     return populate(*it, it->addr, bytes, segment, g);  // the surplus did not fit: only what is needed
   }
 
+  /// Maps `bytes` of new chunks spread over the largest holes, at most `ranges` of
+  /// them, each at its hole's start, as free ranges of segment 0: for a shortfall no
+  /// one hole holds (the address space cut up). Needs 2 nodes. Returns the bytes
+  /// created (what was created stays, free, if the rest cannot be).
+  std::size_t grow_scattered(std::size_t bytes, std::size_t ranges, const growth_plan& g) noexcept {
+    std::size_t made = 0;
+    for (std::size_t k = 0; made < bytes && k < ranges && !holes_.empty(); ++k) {
+      range& h = *holes_.rbegin();  // the largest
+      const std::size_t n = std::min(h.size, round_up(bytes - made, slot_));
+      if (!nodes_.reserve(2) || !populate(h, h.addr, n, 0, g)) break;
+      made += n;
+    }
+    return made;
+  }
+
   /// Unmaps and releases every chunk wholly inside a free range whose stream work is
   /// known done and that no stitched block maps. Returns the bytes released.
   std::size_t release_free_chunks() noexcept {
