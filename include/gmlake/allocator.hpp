@@ -12,7 +12,12 @@
 //  - BestFit: S1 exact free range or cached stitched block, S2 split a larger one,
 //    S3 stitch free pieces, S4 create only the shortfall (or a new segment when the
 //    stitch policy says so), S5 release the cache, retry, then fail;
-//  - failure leaves the state as before the call; nothing is leaked;
+//  - failure leaves the state as before the call; nothing is leaked: an undo that
+//    fails itself (an unmap, release or address free) is quarantined, never handed
+//    out, and retried before growth, in release_cached() and in the destructor
+//    (stats().quarantined_bytes, quarantined_stitches, failed_cleanups);
+//  - a request fails only when memory has run out: alignment costs only the bytes
+//    it needs, growth falls back to smaller handles and to several address ranges;
 //  - stream order: memory freed on a stream is reused at once on that stream, on
 //    another only once the backend's event says the freeing stream's work is done.
 //
