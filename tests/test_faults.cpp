@@ -3,8 +3,11 @@
 // The scenario (small pool, splitting, stitching, the stitched-block cache, LRU
 // eviction, growth by the shortfall, two streams, release_cached) is run once clean
 // to count its backend calls per kind, then once per call with that call failing
-// (fault_injecting), once as a one-off failure and once "sticky" (that call and
-// every later one of its kind fail, until the scenario's end). Each run checks:
+// (fault_injecting), once as a one-off failure, once "sticky" (that call and
+// every later one of its kind fail, until the scenario's end), and once followed by
+// a failure of the next unmap, release or address_free (two failures in one
+// operation: a step and its undo). Every kind of call fails, release and
+// address_free included. Each run checks:
 //  - an operation fails only if a fault was injected during it, and then as
 //    documented: try_allocate gives nullptr, allocate throws out_of_memory, the
 //    constructor throws out_of_memory, release_cached releases less;
@@ -206,7 +209,8 @@ struct tally {
 };
 
 /// One run: fault `k` at call `nth` (0: none). Returns what it saw; CHECKs the end state.
-outcome run(fault k, std::uint64_t nth, bool sticky, std::array<std::uint64_t, gmlake::backend::fault_count>* totals) {
+outcome run(fault k, std::uint64_t nth, bool sticky, std::array<std::uint64_t, gmlake::backend::fault_count>* totals,
+            std::optional<fault> then = std::nullopt) {
   outcome o;
   real backend(cap, C);
   misuses = 0;
@@ -218,6 +222,7 @@ outcome run(fault k, std::uint64_t nth, bool sticky, std::array<std::uint64_t, g
     // Construction itself reserves: arm the fault before it by building the injector first.
     faulty probe(&backend);
     probe.fail_at(k, nth, gmlake::backend::default_error(k), sticky);
+    if (then) probe.then_fail(*then);
     try {
       a.emplace(std::move(probe), opt, policy::best_fit_pieces{}, policy::lru{std::size_t{1} << 40, 1});
     } catch (const gmlake::out_of_memory&) {
@@ -252,6 +257,8 @@ outcome run(fault k, std::uint64_t nth, bool sticky, std::array<std::uint64_t, g
       CHECK(s.mapped_bytes.current == 0);
       CHECK(s.chunks.current == 0);
       CHECK(s.stitched_blocks.current == 0);
+      CHECK(s.quarantined_bytes.current == 0);     // every failed undo was retried
+      CHECK(s.quarantined_stitches.current == 0);
       CHECK(s.invalid_frees == 0);
       CHECK(backend.parent().mapping_count() == 0);
       CHECK(backend.parent().chunk_count() == 0);
@@ -275,6 +282,29 @@ outcome run(fault k, std::uint64_t nth, bool sticky, std::array<std::uint64_t, g
   CHECK(o.bad_data == 0);
   CHECK(o.broken == 0);
   return o;
+}
+
+/// Every call of every kind fails once, and then the next call of kind `then`
+/// (the undo of the failed step, or of the rollback) fails too.
+void sweep_twice(fault then) {
+  std::array<std::uint64_t, gmlake::backend::fault_count> totals{};
+  (void)run(fault::create, 0, false, &totals);
+  std::uint64_t runs = 0, injected = 0, reported = 0;
+  for (std::size_t k = 0; k < gmlake::backend::fault_count; ++k) {
+    const auto kind = static_cast<fault>(k);
+    CAPTURE(gmlake::backend::fault_names[k]);
+    for (std::uint64_t n = 1; n <= totals[k]; ++n) {
+      CAPTURE(n);
+      const outcome o = run(kind, n, false, nullptr, then);
+      ++runs;
+      injected += o.injected;
+      reported += o.reported;
+    }
+  }
+  std::printf("[faults] twice, then %-12s: %llu runs, %llu faults injected, %llu operations failed as "
+              "documented, all survived\n",
+              gmlake::backend::fault_names[static_cast<std::size_t>(then)], (unsigned long long)runs,
+              (unsigned long long)injected, (unsigned long long)reported);
 }
 
 void sweep(bool sticky) {
@@ -341,6 +371,10 @@ TEST_CASE("faults: the scenario covers every path it claims to") {
 TEST_CASE("faults: every backend call of the scenario fails once, in turn") { sweep(false); }
 
 TEST_CASE("faults: from every call on, every call of its kind fails (sticky)") { sweep(true); }
+
+TEST_CASE("faults: every call fails and then the undo after it fails too (two failures in one operation)") {
+  for (fault then : {fault::unmap, fault::release, fault::address_free}) sweep_twice(then);
+}
 
 TEST_CASE("faults: the fault injector counts, fails the n-th call, forwards the rest") {
   fault_injecting<simulated> b(cap, C);

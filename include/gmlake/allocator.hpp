@@ -12,7 +12,12 @@
 //  - BestFit: S1 exact free range or cached stitched block, S2 split a larger one,
 //    S3 stitch free pieces, S4 create only the shortfall (or a new segment when the
 //    stitch policy says so), S5 release the cache, retry, then fail;
-//  - failure leaves the state as before the call; nothing is leaked;
+//  - failure leaves the state as before the call; nothing is leaked: an undo that
+//    fails itself (an unmap, release or address free) is quarantined, never handed
+//    out, and retried before growth, in release_cached() and in the destructor
+//    (stats().quarantined_bytes, quarantined_stitches, failed_cleanups);
+//  - a request fails only when memory has run out: alignment costs only the bytes
+//    it needs, growth falls back to smaller handles and to several address ranges;
 //  - stream order: memory freed on a stream is reused at once on that stream, on
 //    another only once the backend's event says the freeing stream's work is done.
 //
@@ -21,7 +26,8 @@
 // an alignment that is not a power of two or exceeds chunk_size() gives
 // nullptr (bad_alignment at the std::pmr edge); freeing a pointer that is not live
 // here (double or foreign free) changes nothing, counts in stats().invalid_frees
-// and calls options::on_misuse (default: abort with a message when GMLAKE_DEBUG >= 1).
+// and calls options::on_misuse (default: abort with a message when GMLAKE_DEBUG >= 1),
+// outside the allocator's lock: the hook may call the allocator.
 #pragma once
 
 #include <bit>
@@ -31,6 +37,7 @@
 #include <new>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "backend/counting.hpp"
 #include "concepts.hpp"
@@ -55,7 +62,8 @@ struct options {
   std::size_t chunk_size = 0;                    ///< the smallest chunk (arena slot); 0: the backend's granularity
   std::size_t va_factor = 2;                     ///< each arena reserves va_factor x capacity of VA
   std::size_t cached_scan = 8;                   ///< cached stitched blocks tried per request
-  /// Called on misuse (double or foreign free) with a message; nullptr: abort with the
+  /// Called on misuse (double or foreign free) with a message, after the allocator's
+  /// lock is released (the hook may call the allocator); nullptr: abort with the
   /// message when GMLAKE_DEBUG >= 1, ignore otherwise.
   void (*on_misuse)(const char* what, void* pointer) = nullptr;
 };
@@ -140,8 +148,13 @@ class basic_allocator {
   ///        asked for; a different size is misuse (reported; the recorded size is used).
   void deallocate(void* p, std::size_t bytes = 0, stream_type stream = {}) noexcept {
     if (p == nullptr) return;
-    std::lock_guard lock(mutex_);
-    deallocate_locked(reinterpret_cast<std::uintptr_t>(p), bytes, stream);
+    misuse_report m;
+    {
+      std::lock_guard lock(mutex_);
+      deallocate_locked(reinterpret_cast<std::uintptr_t>(p), bytes, stream);
+      m = std::exchange(misused_, misuse_report{});
+    }
+    if (m.what != nullptr) misuse(m.what, m.pointer);  // outside the lock: the hook may call us
   }
 
   /// @brief Unmaps every cached stitched block and releases every unused chunk to
@@ -160,6 +173,9 @@ class basic_allocator {
     s.mapped_bytes = held_.mapped;
     s.chunks = held_.chunks;
     s.stitched_blocks = held_.stitched;
+    s.quarantined_bytes = held_.quarantined;
+    s.quarantined_stitches = held_.quarantined_stitches;
+    s.failed_cleanups = held_.failed_cleanups;
     s.calls = driver_.counts().calls;
     return s;
   }
@@ -231,6 +247,9 @@ class basic_allocator {
     m.free_pending = s.free_pending + l.free_pending;
     m.cached_stitches = pool_.cached_count();
     m.cached_stitch_bytes = pool_.cached_bytes();
+    m.quarantined = s.quarantined + l.quarantined;
+    m.quarantined_stitches = pool_.quarantined_count();
+    m.quarantined_stitch_bytes = pool_.quarantined_bytes();
     return m;
   }
 
@@ -313,56 +332,93 @@ class basic_allocator {
     bool operator()(const range& r) const noexcept { return streams->usable(r.tag, stream); }
   };
 
+  /// The stream rules and the alignment: may a free range hold the request now?
+  /// (At 512 B every free range of at least `size` bytes fits.)
+  struct fits_in {
+    usable_on usable;
+    std::size_t size, alignment;
+    bool operator()(const range& r) const noexcept {
+      return usable(r) && round_up(r.addr, alignment) + size <= r.end();
+    }
+  };
+
   /// BestFit S1-S4 for one request; nullptr when none serves it.
   void* place(std::size_t size, std::size_t requested, std::uint32_t s, std::size_t alignment) noexcept {
     const bool small = size <= opt_.small_max;
     arena_type& a = small ? small_ : large_;
-    const std::size_t slack = alignment - block_alignment;
     if (!nodes_.reserve(4)) return nullptr;
     const usable_on usable{&streams_, s};
+    const fits_in fits{usable, size, alignment};
+    // An aligned stitch starts at a chunk boundary: its pointer is its reservation's start.
+    const bool chunk_start = alignment > block_alignment;
 
     // S1 / S2: one free range.
-    if (range* f = a.pick(fit_, size + slack, usable))
+    if (range* f = a.pick(fit_, size, fits))
       return take(a, *f, size, requested, alignment, f->size == size ? fit_state::s1_exact : fit_state::s2_split);
 
-    const bool stitching = !small && stitch_.stitches(size) && alignment <= block_alignment;
+    const bool stitching = !small && stitch_.stitches(size);
     if (stitching) {
-      if (stitch_block* b = pool_.reuse(size, requested, s, opt_.cached_scan)) {  // S1 on the cache
+      if (stitch_block* b = pool_.reuse(size, requested, s, opt_.cached_scan, alignment)) {  // S1 on the cache
         on_allocated(requested, size, fit_state::s1_exact);
         ++stats_.cached_stitch_hits;
         return reinterpret_cast<void*>(b->pointer);
       }
-      stitch_planner plan(slot_, stitch_.edge_min(), large_.ends());
+      stitch_planner plan(slot_, stitch_.edge_min(), large_.ends(), chunk_start);
       if (plan_stitch(plan, size, s, false) && plan.fresh() == 0)
-        if (void* p = stitch(plan, size, requested, s)) return p;  // S3
+        if (void* p = stitch(plan, size, requested, s, alignment)) return p;  // S3
     }
+    retry_quarantine();
     lend_before_growth(small, size);
     if (stitch_.create_shortfall()) {  // S4: create only the shortfall, the fewer new bytes of two ways
       typename arena_type::extension e;
-      const bool can_extend = a.find_extension(size + slack, usable, e);
-      stitch_planner plan(slot_, stitch_.edge_min(), large_.ends());
+      const bool can_extend = a.find_extension(size, alignment, usable, e);
+      stitch_planner plan(slot_, stitch_.edge_min(), large_.ends(), chunk_start);
       const bool can_stitch = stitching && plan_stitch(plan, size, s, true);
       if (can_extend && (!can_stitch || e.bytes <= plan.fresh())) {  // grow a free range by the shortfall
         // The new chunks may have merged with the free range on the hole's other side
         // first, and then not with the neighbour (another stream's pending work): use
         // the result only if it holds the request and is usable; else it stays free.
-        if (auto r = a.extend(e, growth(small)); r && r.value->size >= size + slack && usable(*r.value))
+        if (auto r = a.extend(e, growth(small)); r && fits(*r.value))
           return take(a, *r.value, size, requested, alignment, fit_state::s4_shortfall);
       }
       if (can_stitch) {
-        if (void* p = stitch(plan, size, requested, s)) return p;  // stitch free pieces with new chunks
+        if (void* p = stitch(plan, size, requested, s, alignment)) return p;  // stitch free pieces with new chunks
       }
     }
-    // S4 without a shortfall path: the request as a new segment.
+    // S4 without a shortfall path: the request as a new segment. New chunks start at
+    // a slot boundary, so any alignment up to the slot needs no extra bytes.
     const std::uint32_t segment = stitch_.create_shortfall() ? 0 : a.new_segment();
     std::uintptr_t fresh = 0;
-    if (auto r = a.grow(round_up(size + slack, slot_), segment, fresh, growth(small))) {
+    if (auto r = a.grow(round_up(size, slot_), segment, fresh, growth(small))) {
       // The new chunks may have merged with a free neighbour still in use by another
       // stream: then place the request in the new bytes only.
       if (!usable(*r.value)) return take_at(a, *r.value, fresh, size, requested, fit_state::s4_shortfall);
       return take(a, *r.value, size, requested, alignment, fit_state::s4_shortfall);
     }
+    if (stitching && stitch_.create_shortfall()) return stitch_scattered(size, requested, s, alignment);
     return nullptr;
+  }
+
+  /// S4 when no hole holds the shortfall (the address space is cut up, though the
+  /// backend has memory): creates it in several holes, then stitches (S3). Runs
+  /// only where every other way failed.
+  void* stitch_scattered(std::size_t size, std::size_t requested, std::uint32_t s, std::size_t alignment) noexcept {
+    const bool chunk_start = alignment > block_alignment;
+    std::size_t need = round_up(size, slot_);
+    {
+      stitch_planner plan(slot_, stitch_.edge_min(), large_.ends(), chunk_start);
+      if (plan_stitch(plan, size, s, true)) need = plan.fresh();
+    }
+    const std::size_t pieces = stitch_.max_pieces();
+    if (need == 0 || pieces == 0 || large_.grow_scattered(need, pieces, growth(false)) < need) return nullptr;
+    stitch_planner plan(slot_, stitch_.edge_min(), large_.ends(), chunk_start);
+    if (!plan_stitch(plan, size, s, false) || plan.fresh() != 0) return nullptr;  // the new chunks stay free
+    void* p = stitch(plan, size, requested, s, alignment);
+    if (p != nullptr) {  // counted as what it is: new chunks
+      --stats_.fit[static_cast<std::size_t>(fit_state::s3_stitch)];
+      ++stats_.fit[static_cast<std::size_t>(fit_state::s4_shortfall)];
+    }
+    return p;
   }
 
   void* take(arena_type& a, range& f, std::size_t size, std::size_t requested, std::size_t alignment,
@@ -399,7 +455,8 @@ class basic_allocator {
 
   /// S3 (or S4 when the plan needs new bytes): creates the new chunks, then has the
   /// pool map the pieces and claim the request's prefix.
-  void* stitch(stitch_planner& plan, std::size_t size, std::size_t requested, std::uint32_t s) noexcept {
+  void* stitch(stitch_planner& plan, std::size_t size, std::size_t requested, std::uint32_t s,
+               std::size_t alignment) noexcept {
     std::span<const detail::stitch_piece> pieces = plan.pieces();
     if (plan.fresh() > 0) {
       std::uintptr_t fresh = 0;  // at the start of the best-fitting hole
@@ -408,8 +465,9 @@ class basic_allocator {
     }
     stitch_block* b = pool_.build(pieces);
     if (b == nullptr) return nullptr;
-    if (!pool_.claim(*b, size, requested, s)) {
-      // New chunks merged with a neighbour another stream still uses: give up on it.
+    if (b->pointer % alignment != 0 || !pool_.claim(*b, size, requested, s)) {
+      // Not aligned (a reservation aligned to less than the slot), or
+      // new chunks merged with a neighbour another stream still uses: give up on it.
       pool_.discard(*b);
       return nullptr;
     }
@@ -444,6 +502,15 @@ class basic_allocator {
     }
   }
 
+  /// Retries the undo of what failed to be undone before (stitched blocks first:
+  /// they pin chunks). No backend call when nothing is quarantined.
+  void retry_quarantine() noexcept {
+    if (capture_) return;  // no unmap or release while capturing
+    pool_.retry_quarantine();
+    small_.retry_quarantine();
+    large_.retry_quarantine();
+  }
+
   // ------------------------------------------------------------ free
 
   void deallocate_locked(std::uintptr_t p, std::size_t bytes, stream_type stream) noexcept {
@@ -458,7 +525,7 @@ class basic_allocator {
         invalid_free(r != nullptr && r->is_free() ? "double free" : "free of a pointer not allocated here", p);
         return;
       }
-      if (bytes != 0 && bytes != r->requested) misuse("free with a size other than the one allocated", reinterpret_cast<void*>(p));
+      if (bytes != 0 && bytes != r->requested) note_misuse("free with a size other than the one allocated", p);
       on_freed(r->requested, r->size);
       a->release(*r, streams_.on_free(s));
       debug_check();
@@ -469,7 +536,7 @@ class basic_allocator {
       invalid_free(b == nullptr ? "free of a pointer not allocated here" : "double free", p);
       return;
     }
-    if (bytes != 0 && bytes != b->requested) misuse("free with a size other than the one allocated", reinterpret_cast<void*>(p));
+    if (bytes != 0 && bytes != b->requested) note_misuse("free with a size other than the one allocated", p);
     on_freed(b->requested, b->active);
     pool_.release(*b, streams_.on_free(s));
     stats_.evictions += pool_.evict(evict_);
@@ -478,8 +545,15 @@ class basic_allocator {
 
   void invalid_free(const char* what, std::uintptr_t p) noexcept {
     ++stats_.invalid_frees;
-    misuse(what, reinterpret_cast<void*>(p));
+    note_misuse(what, p);
   }
+
+  /// Misuse seen under the lock, reported by deallocate() once it is released.
+  struct misuse_report {
+    const char* what = nullptr;
+    void* pointer = nullptr;
+  };
+  void note_misuse(const char* what, std::uintptr_t p) noexcept { misused_ = {what, reinterpret_cast<void*>(p)}; }
 
   void on_freed(std::size_t requested, std::size_t size) noexcept {
     stats_.requested_bytes.sub(static_cast<std::int64_t>(requested));
@@ -491,6 +565,7 @@ class basic_allocator {
     if (capture_) return 0;
     pool_.unmap_cached();
     (void)streams_.wait_all();
+    retry_quarantine();
     small_.coalesce_all();
     large_.coalesce_all();
     const std::size_t released = small_.release_free_chunks() + large_.release_free_chunks();
@@ -508,6 +583,8 @@ class basic_allocator {
     if (static_cast<std::int64_t>(used) != stats_.active_bytes.current) return false;
     if (static_cast<std::int64_t>(live) != stats_.allocations.current) return false;
     if (static_cast<std::int64_t>(reserved + pool_.mapped_bytes()) != held_.mapped.current) return false;
+    const std::size_t quarantined = small_.tally().quarantined + large_.tally().quarantined;
+    if (static_cast<std::int64_t>(quarantined) != held_.quarantined.current) return false;
     return true;
   }
 
@@ -519,6 +596,7 @@ class basic_allocator {
   [[no_unique_address]] Fit fit_;
   std::size_t slot_;
   bool capture_ = false;  // set_capture_mode
+  misuse_report misused_;  // under the lock: the misuse deallocate() reports after it
   statistics stats_;      // the request side; the footprint and the calls are added by stats()
   detail::footprint held_;
   detail::node_pool<range> nodes_;

@@ -53,6 +53,13 @@ struct statistics {
   stat chunks;            ///< chunks (physical handles) held
   stat stitched_blocks;   ///< stitched blocks mapped (active or cached)
   stat allocations;       ///< live allocations
+  /// Chunk bytes whose undo (unmap or release) failed: the backend may still hold
+  /// them; quarantined (never handed out), retried on growth, release_cached() and
+  /// in the destructor. Not in reserved_bytes.
+  stat quarantined_bytes;
+  /// Stitched blocks given up on whose unmap or address free failed: kept, retried
+  /// likewise. Not in stitched_blocks.
+  stat quarantined_stitches;
   std::array<std::uint64_t, fit_state_count> fit{};  ///< requests by BestFit state
   std::array<std::uint64_t, call_count> calls{};     ///< backend calls by kind, one per call
   std::uint64_t cached_stitch_hits = 0;  ///< S1 served by a cached stitched block
@@ -61,6 +68,7 @@ struct statistics {
   std::uint64_t num_ooms = 0;            ///< requests that failed
   std::uint64_t invalid_frees = 0;       ///< deallocate of a pointer not live here (ignored)
   std::uint64_t lent_bytes = 0;          ///< free chunk bytes released to let the other arena grow
+  std::uint64_t failed_cleanups = 0;     ///< unmap, release, address_free calls that failed (kept and retried)
 };
 
 /// One segment of the layout (basic_allocator::visit_layout): a chunk of an arena,
@@ -93,6 +101,9 @@ struct memory_breakdown {
   std::size_t free_pending = 0;        ///< free bytes still pending on another stream (both arenas)
   std::size_t cached_stitches = 0;     ///< inactive stitched blocks cached
   std::size_t cached_stitch_bytes = 0; ///< their mapped (virtual) bytes
+  std::size_t quarantined = 0;         ///< chunk bytes quarantined after a failed undo (not in reserved)
+  std::size_t quarantined_stitches = 0;     ///< stitched blocks kept after a failed unmap or address free
+  std::size_t quarantined_stitch_bytes = 0; ///< their reserved (virtual) bytes
 };
 
 } // namespace gmlake

@@ -1,7 +1,8 @@
 // tests/fuzz/fuzz_allocator.cpp - libFuzzer target: the input is a program of
 // allocate / free / release_cached / stream / fault operations on one allocator
-// over the host_memfd backend (real memory), with a one-off backend fault now and
-// then (fault_injecting).
+// over the host_memfd backend (real memory), with a one-off backend fault of any
+// kind now and then, sometimes followed by a failure of the undo call after it
+// (fault_injecting).
 //
 // After every step: check_invariants() (and GMLAKE_DEBUG=2 asserts inside), and
 // every live block still holds its pattern, read through its pointer and through
@@ -181,6 +182,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const std::uint8_t x = r.byte();
         const auto k = static_cast<fault>(x % gmlake::backend::fault_count);
         a.backend().fail_at(k, a.backend().calls(k) + 1 + (x >> 4) % 4, gmlake::backend::default_error(k));
+        // Two failures in one operation: the step, then the undo call after it.
+        if (const unsigned then = x >> 6; then != 0)
+          a.backend().then_fail(then == 1 ? fault::unmap : then == 2 ? fault::release : fault::address_free);
         break;
       }
     }

@@ -10,9 +10,10 @@
 //  - calls are counted per `fault` kind from construction (or `reset_counts()`),
 //    injected failures included, so a test can run a scenario clean once to learn
 //    the totals and then fail each call of it in turn;
-//  - kinds: reserve, create, map, set_access, unmap, and event (record, query and
-//    synchronize together). address_free, release and destroy are cleanup calls
-//    whose results the allocator cannot act on; they are forwarded, never failed;
+//  - kinds: reserve, create, map, set_access, unmap, event (record, query and
+//    synchronize together), release and address_free: every call that can fail
+//    (destroy cannot). Two planned failures may be armed at once (a step and its
+//    undo), or a random fraction of the calls of chosen kinds (fail_randomly);
 //  - every call is `noexcept`, as the concept asks; members of the parent outside
 //    the concept are reached through `parent()`.
 #pragma once
@@ -30,10 +31,13 @@
 namespace gmlake::backend {
 
 /// The kinds of backend call a fault can be injected into.
-enum class fault : unsigned char { reserve = 0, create, map, set_access, unmap, event, count_ };
+enum class fault : unsigned char { reserve = 0, create, map, set_access, unmap, event, release, address_free, count_ };
 inline constexpr std::size_t fault_count = static_cast<std::size_t>(fault::count_);
-inline constexpr std::array<const char*, fault_count> fault_names = {"reserve", "create",     "map",
-                                                                      "set_access", "unmap", "event"};
+inline constexpr std::array<const char*, fault_count> fault_names = {
+    "reserve", "create", "map", "set_access", "unmap", "event", "release", "address_free"};
+/// A set of kinds, for fail_randomly: bit k is fault k.
+inline constexpr unsigned every_fault = (1u << fault_count) - 1;
+constexpr unsigned fault_bit(fault k) noexcept { return 1u << static_cast<unsigned>(k); }
 
 /// The error a real driver would give for a failed call of kind k: out of memory
 /// for reserve and create, a driver error for the rest.
@@ -67,12 +71,43 @@ class fault_injecting : public forwarding<Parent> {
 
   /// @brief Plans the failure of the `nth` call of kind `k`, counted since construction
   ///        or the last reset_counts() (injected failures included). `nth` == 0 disarms.
+  ///        Replaces every plan (the second one and random failures included).
   void fail_at(fault k, std::uint64_t nth, errc error, bool sticky = false) noexcept {
     plan_ = plan{k, nth, error, sticky};
+    also_ = plan{};
+    then_ = false;
+    rate_ = 0;
   }
   void fail_at(fault k, std::uint64_t nth) noexcept { fail_at(k, nth, default_error(k)); }
+  /// @brief Plans a second failure besides fail_at's (a step and, say, its undo):
+  ///        the `nth` call of kind `k` (counted as for fail_at) fails once.
+  void also_fail_at(fault k, std::uint64_t nth) noexcept {
+    also_ = plan{k, nth, default_error(k), false};
+    then_ = false;
+  }
+  /// @brief Once fail_at's failure is injected, fails the next call of kind `k` once:
+  ///        a step and then its undo (a map, then the rollback's unmap).
+  void then_fail(fault k) noexcept {
+    also_ = plan{k, 0, default_error(k), false};
+    then_ = true;
+  }
+  /// @brief Fails each call of the kinds in `kinds` (fault_bit) with probability
+  ///        `rate` (0 to 1), drawn from a generator seeded with `seed`; the plans
+  ///        of fail_at and also_fail_at are dropped.
+  void fail_randomly(double rate, std::uint64_t seed, unsigned kinds = every_fault) noexcept {
+    plan_ = also_ = plan{};
+    then_ = false;
+    rate_ = rate;
+    rng_ = seed * 0x9E3779B97F4A7C15ull + 1;
+    kinds_ = kinds;
+  }
   /// @brief No more failures.
-  void disarm() noexcept { plan_.nth = 0; }
+  void disarm() noexcept {
+    plan_.nth = 0;
+    also_.nth = 0;
+    then_ = false;
+    rate_ = 0;
+  }
 
   [[nodiscard]] const plan& planned() const noexcept { return plan_; }
   /// Calls of kind k so far (injected failures included).
@@ -115,6 +150,14 @@ class fault_injecting : public forwarding<Parent> {
     if (errc e = hit(fault::event); e != errc::ok) return e;
     return parent().record(s);
   }
+  [[nodiscard]] errc release(chunk_type c) noexcept {
+    if (errc e = hit(fault::release); e != errc::ok) return e;
+    return parent().release(c);
+  }
+  [[nodiscard]] errc address_free(std::uintptr_t va, std::size_t n) noexcept {
+    if (errc e = hit(fault::address_free); e != errc::ok) return e;
+    return parent().address_free(va, n);
+  }
   [[nodiscard]] result<bool> query(event_type e) noexcept {
     if (errc x = hit(fault::event); x != errc::ok) return x;
     return parent().query(e);
@@ -130,12 +173,34 @@ class fault_injecting : public forwarding<Parent> {
   /// Counts a call of kind k; the planned error if this is the one to fail, else ok.
   errc hit(fault k) noexcept {
     const std::uint64_t n = ++calls_[index(k)];
-    if (plan_.nth == 0 || plan_.kind != k || n < plan_.nth || (n > plan_.nth && !plan_.sticky)) return errc::ok;
-    ++injected_;
-    return plan_.error;
+    for (const plan* p : {&plan_, &also_}) {
+      if (p->nth == 0 || p->kind != k || n < p->nth || (n > p->nth && !p->sticky)) continue;
+      ++injected_;
+      if (p == &plan_ && then_) {  // arm the second failure: the next call of its kind
+        then_ = false;
+        also_.nth = calls_[index(also_.kind)] + 1;
+      }
+      return p->error;
+    }
+    if (rate_ > 0 && (kinds_ & fault_bit(k)) != 0) {
+      rng_ ^= rng_ >> 12;  // xorshift64*
+      rng_ ^= rng_ << 25;
+      rng_ ^= rng_ >> 27;
+      const std::uint64_t x = rng_ * 0x2545F4914F6CDD1Dull;
+      if (static_cast<double>(x >> 11) * 0x1.0p-53 < rate_) {
+        ++injected_;
+        return default_error(k);
+      }
+    }
+    return errc::ok;
   }
 
   plan plan_{};
+  plan also_{};
+  bool then_ = false;  // also_ is armed when plan_ fires
+  double rate_ = 0;
+  std::uint64_t rng_ = 1;
+  unsigned kinds_ = every_fault;
   std::array<std::uint64_t, fault_count> calls_{};
   std::uint64_t injected_ = 0;
 };

@@ -14,8 +14,14 @@
 // footprint (chunks, reserved and mapped bytes); the backend it is given counts
 // the calls.
 //
+// A chunk whose undo fails (an unmap or a release during a rollback or a release
+// of free chunks) is not forgotten: its slots keep the chunk with what is still to
+// be done (`pending`), and its address space becomes a quarantined range, never
+// handed out while the backend may still map it. retry_quarantine() (on the next
+// growth, on release_cached()) and close() retry the undo.
+//
 // All member functions are noexcept. Those that can fail say so by value and
-// leave the arena as it was. Pre for every mutation: the caller holds the
+// leave the arena as it was (apart from a quarantine). Pre for every mutation: the caller holds the
 // allocator's lock and has reserved the nodes it asks for.
 #pragma once
 
@@ -48,6 +54,9 @@ class arena {
     std::uint32_t first = 0;        ///< index of the chunk's first slot
     std::uint32_t count = 0;        ///< slots in the chunk
     bool mapped = false;
+    /// Quarantined: what is left to undo of the chunk (it is not mapped for use):
+    /// 1 unmap then release, 2 release. 0: nothing.
+    std::uint8_t pending = 0;
   };
 
   /// Where growth may add the missing bytes next to a free range.
@@ -86,18 +95,27 @@ class arena {
   /// stitched block maps any chunk. Live ranges are dropped (their memory goes).
   void close() noexcept {
     if (size_ == 0) return;
+    // Nothing can retry after this: each call is retried a few times in a row.
     for (std::size_t i = 0; i < slots_.size(); ++i) {
-      if (!slots_[i].mapped || slots_[i].first != i) continue;
-      const std::size_t n = slots_[i].count;
-      (void)backend_.unmap(base_ + i * slot_, n * slot_);
-      (void)backend_.release(slots_[i].chunk);
-      held_.chunks.sub(1);
-      for (std::size_t j = 0; j < n; ++j) forget_slot(slots_[i + j]);
+      slot& c = slots_[i];
+      if ((!c.mapped && c.pending == 0) || c.first != i) continue;
+      const std::size_t n = c.count;
+      const std::uintptr_t at = base_ + i * slot_;
+      if (c.mapped || c.pending == 1) (void)retry([&] { return backend_.unmap(at, n * slot_); });
+      (void)retry([&] { return backend_.release(c.chunk); });
+      if (c.mapped) {
+        held_.chunks.sub(1);
+        for (std::size_t j = 0; j < n; ++j) forget_slot(slots_[i + j]);
+      } else {
+        held_.quarantined.sub(static_cast<std::int64_t>(n * slot_));
+        for (std::size_t j = 0; j < n; ++j) slots_[i + j] = slot{};
+      }
     }
     free_.clear();
     holes_.clear();
     address_.clear_and_dispose([this](range* r) { nodes_.give(r); });
-    (void)backend_.address_free(base_, size_);
+    quarantined_ranges_ = 0;
+    (void)retry([&] { return backend_.address_free(base_, size_); });
     size_ = 0;
   }
 
@@ -242,18 +260,21 @@ class arena {
 
   // ------------------------------------------------------------ growth
 
-  /// Finds where `size` bytes fit by growing a free range (usable by the caller)
-  /// into the hole beside it: the largest such free range, so the fewest new bytes.
+  /// Finds where `size` bytes at `alignment` (at most a slot) fit by growing a free
+  /// range (usable by the caller) into the hole beside it: the largest such free
+  /// range, so the fewest new bytes.
   template <class Usable>
-  [[nodiscard]] bool find_extension(std::size_t size, const Usable& usable, extension& out) noexcept {
+  [[nodiscard]] bool find_extension(std::size_t size, std::size_t alignment, const Usable& usable,
+                                    extension& out) noexcept {
     bool found = false;
     for (range& h : holes_) {
       auto it = address_.iterator_to(h);
       if (it != address_.begin()) {
         range& f = *std::prev(it);
-        consider(f, h, true, size, usable, found, out);
+        consider(f, h, true, size, alignment, usable, found, out);
       }
-      if (auto next = std::next(it); next != address_.end()) consider(*next, h, false, size, usable, found, out);
+      if (auto next = std::next(it); next != address_.end())
+        consider(*next, h, false, size, alignment, usable, found, out);
     }
     return found;
   }
@@ -264,8 +285,9 @@ class arena {
   [[nodiscard]] result<range*> extend(const extension& e, const growth_plan& g) noexcept {
     const std::size_t bytes = std::max(e.bytes, std::min(g.floor, e.hole->size));
     const std::uintptr_t at = e.after ? e.hole->addr : e.hole->end() - bytes;
+    const std::size_t q = quarantined_ranges_;
     auto r = populate(*e.hole, at, bytes, e.neighbour->segment, g);
-    if (r || bytes == e.bytes) return r;
+    if (r || bytes == e.bytes || q != quarantined_ranges_) return r;  // a quarantine changed the hole
     // The surplus did not fit (the backend is nearly full): create only what is needed.
     return populate(*e.hole, e.after ? e.hole->addr : e.hole->end() - e.bytes, e.bytes, e.neighbour->segment, g);
   }
@@ -280,9 +302,25 @@ class arena {
     if (it == holes_.end()) return errc::out_of_memory;  // address space exhausted
     const std::size_t want = std::max(bytes, std::min(g.floor, it->size));
     fresh = it->addr;
+    const std::size_t q = quarantined_ranges_;
     auto r = populate(*it, it->addr, want, segment, g);
-    if (r || want == bytes) return r;
+    if (r || want == bytes || q != quarantined_ranges_) return r;  // a quarantine changed the hole
     return populate(*it, it->addr, bytes, segment, g);  // the surplus did not fit: only what is needed
+  }
+
+  /// Maps `bytes` of new chunks spread over the largest holes, at most `ranges` of
+  /// them, each at its hole's start, as free ranges of segment 0: for a shortfall no
+  /// one hole holds (the address space cut up). Needs 2 nodes. Returns the bytes
+  /// created (what was created stays, free, if the rest cannot be).
+  std::size_t grow_scattered(std::size_t bytes, std::size_t ranges, const growth_plan& g) noexcept {
+    std::size_t made = 0;
+    for (std::size_t k = 0; made < bytes && k < ranges && !holes_.empty(); ++k) {
+      range& h = *holes_.rbegin();  // the largest
+      const std::size_t n = std::min(h.size, round_up(bytes - made, slot_));
+      if (!nodes_.reserve(2) || !populate(h, h.addr, n, 0, g)) break;
+      made += n;
+    }
+    return made;
   }
 
   /// Unmaps and releases every chunk wholly inside a free range whose stream work is
@@ -318,14 +356,63 @@ class arena {
         a = e;
       }
     }
-    if (best == nullptr || !nodes_.reserve(2)) return 0;
-    if (backend_.unmap(best_a, best_e - best_a) != errc::ok) return 0;
-    (void)backend_.release(slot_of(best_a).chunk);
-    held_.chunks.sub(1);
-    for (std::uintptr_t c = best_a; c < best_e; c += slot_) forget_slot(slot_of(c));
+    if (best == nullptr || !nodes_.reserve(4)) return 0;
+    if (backend_.unmap(best_a, best_e - best_a) != errc::ok) {
+      ++held_.failed_cleanups;
+      return 0;
+    }
+    const bool kept = !release_unmapped(best_a, best_e);
     (void)carve_hole(*best, best_a, best_e);
+    if (kept) {
+      quarantine(holding(best_a), best_a, best_e);
+      return 0;
+    }
     return best_e - best_a;
   }
+
+  /// Retries the undo of every quarantined chunk; a quarantined range whose chunks
+  /// are all undone becomes a hole again. No backend call when none is quarantined.
+  void retry_quarantine() noexcept {
+    if (quarantined_ranges_ == 0) return;
+    for (auto it = address_.begin(); it != address_.end();) {
+      range& q = *it;
+      ++it;
+      if (q.state != range_state::quarantined) continue;
+      bool left = false;
+      for (std::uintptr_t a = q.addr; a < q.end();) {
+        slot& c = slot_of(a);
+        if (c.pending == 0) {
+          a += slot_;
+          continue;
+        }
+        const std::size_t i = (a - base_) / slot_, n = c.count;
+        if (c.pending == 1) {
+          if (backend_.unmap(a, n * slot_) == errc::ok) {
+            for (std::size_t j = 0; j < n; ++j) slots_[i + j].pending = 2;
+          } else {
+            ++held_.failed_cleanups;
+          }
+        }
+        if (c.pending == 2) {
+          if (backend_.release(c.chunk) == errc::ok) {
+            held_.quarantined.sub(static_cast<std::int64_t>(n * slot_));
+            for (std::size_t j = 0; j < n; ++j) slots_[i + j] = slot{};
+          } else {
+            ++held_.failed_cleanups;
+          }
+        }
+        if (slots_[i].pending != 0) left = true;
+        a += n * slot_;
+      }
+      if (!left) {
+        --quarantined_ranges_;
+        q.state = range_state::hole;
+        range& h = merge_holes(q);
+        it = std::next(address_.iterator_to(h));
+      }
+    }
+  }
+  [[nodiscard]] std::size_t quarantined_ranges() const noexcept { return quarantined_ranges_; }
 
   /// Coalesces every pair of adjacent free ranges the stream rules now allow.
   void coalesce_all() noexcept {
@@ -348,11 +435,13 @@ class arena {
   /// pending on another stream. O(ranges).
   struct tally_type {
     std::size_t reserved = 0, used = 0, free_whole = 0, free_partial = 0, free_pending = 0;
+    std::size_t quarantined = 0;  ///< chunk bytes in quarantined ranges (not in reserved)
   };
   [[nodiscard]] tally_type tally() const noexcept {
     tally_type t;
     for (const range& r : address_) {
       if (r.state == range_state::hole) continue;
+      if (r.state == range_state::quarantined) continue;
       if (!r.is_free()) {
         t.used += r.size;
         continue;
@@ -362,8 +451,10 @@ class arena {
       t.free_whole += sp.whole;
       t.free_partial += sp.head + sp.tail;
     }
-    for (const slot& s : slots_)
+    for (const slot& s : slots_) {
       if (s.mapped) t.reserved += slot_;
+      if (s.pending != 0) t.quarantined += slot_;
+    }
     return t;
   }
 
@@ -391,19 +482,27 @@ class arena {
   [[nodiscard]] bool check(std::size_t& reserved, std::size_t& used, std::size_t& live) const noexcept {
     if (size_ == 0) return true;
     std::uintptr_t at = base_;
-    std::size_t nfree = 0, nholes = 0;
+    std::size_t nfree = 0, nholes = 0, nquarantined = 0, pending_in_ranges = 0, pending = 0;
     const range* prev = nullptr;
     for (const range& r : address_) {
       if (r.addr != at || r.size == 0) return false;
       at = r.end();
       if (r.addr % block_alignment != 0 || r.size % block_alignment != 0) return false;
-      if (r.state == range_state::hole) {
+      if (r.state == range_state::quarantined) {
+        ++nquarantined;
+        if ((r.addr - base_) % slot_ != 0 || r.size % slot_ != 0) return false;
+        for (std::uintptr_t c = r.addr; c < r.end(); c += slot_) {
+          const std::size_t i = (c - base_) / slot_;
+          if (i >= slots_.size() || slots_[i].mapped) return false;
+          if (slots_[i].pending != 0) ++pending_in_ranges;
+        }
+      } else if (r.state == range_state::hole) {
         ++nholes;
         if ((r.addr - base_) % slot_ != 0 || r.size % slot_ != 0) return false;
         if (prev && prev->state == range_state::hole) return false;  // holes coalesce always
         for (std::uintptr_t c = r.addr; c < r.end(); c += slot_) {
           const std::size_t i = (c - base_) / slot_;
-          if (i < slots_.size() && slots_[i].mapped) return false;
+          if (i < slots_.size() && (slots_[i].mapped || slots_[i].pending != 0)) return false;
         }
       } else {
         for (std::uintptr_t c = round_down(r.addr - base_, slot_) + base_; c < r.end(); c += slot_) {
@@ -424,6 +523,10 @@ class arena {
       prev = &r;
     }
     if (at != base_ + size_ || nfree != free_.size() || nholes != holes_.size()) return false;
+    // Every chunk still to undo lies in a quarantined range, and every such range holds one.
+    for (const slot& s : slots_)
+      if (s.pending != 0) ++pending;
+    if (pending != pending_in_ranges || nquarantined != quarantined_ranges_) return false;
     for (const range& r : free_)
       if (!r.is_free()) return false;
     for (const range& r : holes_)
@@ -487,10 +590,15 @@ class arena {
   }
 
   template <class Usable>
-  void consider(range& f, range& h, bool after, std::size_t size, const Usable& usable, bool& found,
-                extension& out) noexcept {
-    if (!f.is_free() || f.size >= size || !usable(f)) return;
-    const std::size_t bytes = round_up(size - f.size, slot_);
+  void consider(range& f, range& h, bool after, std::size_t size, std::size_t alignment, const Usable& usable,
+                bool& found, extension& out) noexcept {
+    if (!f.is_free() || !usable(f)) return;
+    // After f: the request starts at f's first aligned byte. Before f: at the new
+    // bytes' start, a slot boundary (aligned).
+    const std::uintptr_t start = round_up(f.addr, alignment);
+    if (start + size <= f.end()) return;  // f holds it already
+    std::size_t bytes = round_up(after ? start + size - f.end() : size - std::min(size, f.size), slot_);
+    if (bytes == 0) bytes = slot_;
     if (bytes > h.size) return;
     if (!found || f.size > out.neighbour->size) {
       out = {&f, &h, bytes, after};
@@ -499,11 +607,13 @@ class arena {
   }
 
   /// Creates and maps chunks over [at, at+bytes) inside hole h (as large as `g`
-  /// allows, the first ones largest), makes them accessible, and turns that part of
+  /// allows, the first ones largest; where the backend has no room for one that
+  /// large, halving down to one slot), makes them accessible, and turns that part of
   /// h into a free range. On failure undoes every step and leaves h as it was.
   result<range*> populate(range& h, std::uintptr_t at, std::size_t bytes, std::uint32_t segment,
                           const growth_plan& g) noexcept {
     GMLAKE_ASSERT(h.state == range_state::hole && at >= h.addr && at + bytes <= h.end(), "populate outside a hole");
+    if (!nodes_.reserve(3)) return errc::out_of_memory;  // the new range, or a quarantine
     const std::size_t first = (at - base_) / slot_, n = bytes / slot_;
     if (first + n > slots_.size()) {
       try {
@@ -519,6 +629,10 @@ class arena {
     while (created < n) {
       const std::size_t k = std::min(per, n - created);
       auto c = backend_.create(k * slot_);
+      if (!c && c.error == errc::out_of_memory && k > 1) {
+        per = k / 2;  // no room for a handle this large (near capacity): smaller ones, down to one slot
+        continue;
+      }
       if (!c) {
         failure = c.error;
         break;
@@ -545,14 +659,26 @@ class arena {
     if (failure == errc::ok) {
       failure = backend_.set_access(at, bytes);
     }
-    if (failure != errc::ok) {  // roll back, in reverse
-      for (std::size_t i = 0; i < mapped; i += slots_[first + i].count) {
-        (void)backend_.unmap(at + i * slot_, slots_[first + i].count * slot_);
+    if (failure != errc::ok) {  // roll back; a chunk whose undo fails is quarantined
+      std::size_t lo = n, hi = 0;  // the slots of the chunks kept
+      for (std::size_t i = 0; i < created;) {
+        slot& c = slots_[first + i];
+        const std::size_t k = c.count;
+        std::uint8_t pending = 0;
+        if (i < mapped && backend_.unmap(at + i * slot_, k * slot_) != errc::ok) pending = 1;
+        else if (backend_.release(c.chunk) != errc::ok) pending = 2;
+        if (pending != 0) {
+          ++held_.failed_cleanups;
+          held_.quarantined.add(static_cast<std::int64_t>(k * slot_));
+          for (std::size_t j = 0; j < k; ++j) slots_[first + i + j].pending = pending;
+          lo = std::min(lo, i);
+          hi = i + k;
+        } else {
+          for (std::size_t j = 0; j < k; ++j) slots_[first + i + j] = slot{};
+        }
+        i += k;
       }
-      for (std::size_t i = 0; i < created; i += slots_[first + i].count) {
-        (void)backend_.release(slots_[first + i].chunk);
-      }
-      for (std::size_t i = 0; i < created; ++i) slots_[first + i] = slot{};
+      if (hi != 0) quarantine(h, at + lo * slot_, at + hi * slot_);
       return failure;
     }
     for (std::size_t i = 0; i < n; ++i) {
@@ -598,22 +724,80 @@ class arena {
       if (a >= hi) break;
       std::uintptr_t b = a;
       while (b < hi && slot_of(b).stitch_refs == 0) b = chunk_end(b);
-      if (!nodes_.reserve(2)) break;
-      if (backend_.unmap(a, b - a) != errc::ok) break;
+      if (!nodes_.reserve(4)) break;
+      if (backend_.unmap(a, b - a) != errc::ok) {
+        ++held_.failed_cleanups;  // the chunks stay mapped and free: a later release retries
+        break;
+      }
+      // Chunks whose release fails are kept, quarantined, from the first to the last.
+      std::uintptr_t qa = 0, qb = 0;
       for (std::uintptr_t c = a; c < b;) {
         const std::uintptr_t e = chunk_end(c);
-        (void)backend_.release(slot_of(c).chunk);
-        held_.chunks.sub(1);
-        for (; c < e; c += slot_) forget_slot(slot_of(c));
+        if (release_unmapped(c, e)) {
+          released += e - c;
+        } else {
+          if (qb == 0) qa = c;
+          qb = e;
+        }
+        c = e;
       }
-      released += b - a;
       // [cur.addr, a) stays free, [a, b) becomes a hole, [b, cur.end) stays free.
       cur = carve_hole(*cur, a, b);
-      if (cur->state == range_state::hole) break;
+      if (qb != 0) quarantine(holding(qa), qa, qb);
+      if (!cur->is_free()) break;
     }
     // The caller's iterator may point at a node merged away: continue after cur.
     next = std::next(address_.iterator_to(*cur));
     return released;
+  }
+
+  /// Releases the chunk [c, e), just unmapped. On failure keeps it in its slots,
+  /// to be released (pending 2), out of the reserved bytes and into the
+  /// quarantined ones; the caller quarantines its address space. True: released.
+  bool release_unmapped(std::uintptr_t c, std::uintptr_t e) noexcept {
+    held_.chunks.sub(1);
+    if (backend_.release(slot_of(c).chunk) == errc::ok) {
+      for (; c < e; c += slot_) forget_slot(slot_of(c));
+      return true;
+    }
+    ++held_.failed_cleanups;
+    held_.quarantined.add(static_cast<std::int64_t>(e - c));
+    for (; c < e; c += slot_) {
+      slot& s = slot_of(c);
+      s.mapped = false;
+      s.stitch_refs = 0;
+      s.pending = 2;
+      held_.reserved.sub(static_cast<std::int64_t>(slot_));
+      held_.mapped.sub(static_cast<std::int64_t>(slot_));
+    }
+    return false;
+  }
+
+  /// Turns [a, b) of hole h into a quarantined range. Needs 2 nodes.
+  void quarantine(range& h, std::uintptr_t a, std::uintptr_t b) noexcept {
+    GMLAKE_ASSERT(h.state == range_state::hole && a >= h.addr && b <= h.end() && a < b, "quarantine outside a hole");
+    ++quarantined_ranges_;
+    holes_.erase(holes_.iterator_to(h));
+    if (a == h.addr && b == h.end()) {
+      h.state = range_state::quarantined;
+      return;
+    }
+    range* q = make(a, b - a, range_state::quarantined, 0, stream_tag{});
+    if (a == h.addr) {
+      address_.insert_before(address_.iterator_to(h), *q);
+      h.addr = b;
+      h.size -= b - a;
+    } else {
+      const std::uintptr_t h_end = h.end();
+      address_.insert_before(std::next(address_.iterator_to(h)), *q);
+      h.size = a - h.addr;
+      if (b < h_end) {
+        range* after = make(b, h_end - b, range_state::hole, 0, stream_tag{});
+        address_.insert_before(std::next(address_.iterator_to(*q)), *after);
+        holes_.insert(*after);
+      }
+    }
+    holes_.insert(h);
   }
 
   void forget_slot(slot& s) noexcept {
@@ -632,7 +816,14 @@ class arena {
     range* after = nullptr;
     auto it = address_.iterator_to(mid);
     if (auto n = std::next(it); n != address_.end() && n->is_free() && n->addr == b) after = &*n;
-    // merge with neighbouring holes
+    range& h = merge_holes(mid);
+    return after ? after : &h;
+  }
+
+  /// Hole `mid` (in no index but the address one) merged with the holes beside it
+  /// and indexed. Returns it.
+  range& merge_holes(range& mid) noexcept {
+    auto it = address_.iterator_to(mid);
     if (it != address_.begin()) {
       range& p = *std::prev(it);
       if (p.state == range_state::hole) {
@@ -651,7 +842,7 @@ class arena {
       nodes_.give(&q);
     }
     holes_.insert(mid);
-    return after ? after : &mid;
+    return mid;
   }
 
   Backend& backend_;
@@ -662,6 +853,7 @@ class arena {
   std::uintptr_t base_ = 0;
   std::size_t size_ = 0;
   std::uint32_t segments_ = 0;
+  std::size_t quarantined_ranges_ = 0;
   address_index address_;
   free_index free_;
   free_index holes_;

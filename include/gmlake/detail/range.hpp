@@ -27,7 +27,10 @@ using link_mode = bi::link_mode<bi::normal_link>;
 struct by_address_tag;
 struct by_size_tag;
 
-enum class range_state : unsigned char { hole, free, used };
+/// quarantined: address space whose chunks the backend may still map or hold after
+/// an undo (unmap, release) failed; in no index but the address one, never handed
+/// out, turned back into a hole once the undo is retried with success.
+enum class range_state : unsigned char { hole, free, used, quarantined };
 
 /// Stream tag of a free range: it was freed on stream `stream` (an index into the
 /// allocator's stream table) after that stream's `seq`-th free. seq 0: no pending work.

@@ -42,8 +42,12 @@ struct stitch_block : bi::set_base_hook<bi::tag<by_pointer_tag>, link_mode>,
   std::size_t requested = 0;
   std::size_t active = 0;       ///< bytes in use (512 B multiple)
   bool in_use = false;
-  bool cached = false;          ///< in the cache and the LRU list
+  bool cached = false;          ///< in the cache and the LRU list (a quarantined block: in the quarantine list)
   stream_tag tag{};             ///< cached: where it was freed
+  /// Quarantined (given up on, its undo failed): bytes from va still mapped (0:
+  /// none), and whether the reservation is still to be freed.
+  std::size_t pending_unmap = 0;
+  bool pending_free = false;
   std::uint64_t last_use = 0;
 };
 

@@ -52,9 +52,12 @@ class stitch_planner {
   /// Candidates offered at most (the largest usable free ranges with whole chunks).
   static constexpr std::size_t max_candidates = 64;
 
-  /// `slot`: the smallest chunk; `edge_min`: the StitchPolicy's (0: no edges).
-  stitch_planner(std::size_t slot, std::size_t edge_min, chunk_ends ends) noexcept
-      : slot_(slot), edge_min_(edge_min), ends_(ends) {}
+  /// `slot`: the smallest chunk; `edge_min`: the StitchPolicy's (0: no edges);
+  /// `chunk_start`: the stitch starts at a chunk boundary (no opening edge, the first
+  /// piece without its head), so the block's pointer is its reservation's start:
+  /// for aligned requests.
+  stitch_planner(std::size_t slot, std::size_t edge_min, chunk_ends ends, bool chunk_start = false) noexcept
+      : slot_(slot), edge_min_(edge_min), ends_(ends), chunk_start_(chunk_start) {}
   stitch_planner(const stitch_planner&) = delete;
   stitch_planner& operator=(const stitch_planner&) = delete;
 
@@ -102,7 +105,7 @@ class stitch_planner {
         const auto& x = c[i];
         std::uintptr_t lo = x.addr + x.head;
         std::size_t len = x.whole;
-        if (i == 0 && !open_edge) {
+        if (i == 0 && !open_edge && !chunk_start_) {
           lo = x.addr;
           len += x.head;
         }
@@ -119,7 +122,7 @@ class stitch_planner {
       }
     };
     lay_out(false);
-    if (got < size && opening_.bytes > (k ? c[0].head : 0)) {
+    if (got < size && !chunk_start_ && opening_.bytes > (k ? c[0].head : 0)) {
       const std::size_t short_by = round_up(size - got, slot_);
       lay_out(true);
       if (got < size && round_up(size - got, slot_) >= short_by) lay_out(false);  // it saves no chunk
@@ -188,6 +191,7 @@ class stitch_planner {
   std::size_t m_ = 0;       // pieces planned
   std::size_t fresh_ = 0;
   bool closing_edge_ = false;
+  bool chunk_start_ = false;
   stitch_edge opening_, closing_;
   std::array<stitch_candidate, max_candidates> candidates_;
   std::array<stitch_piece, max_candidates + 3> pieces_;  // + opening edge, new bytes, closing edge

@@ -9,8 +9,13 @@
 // chunks of the large arena again; the pool adds its mappings to the slots'
 // `stitch_refs`, so those chunks are not released while it stands.
 //
+// A block whose unmap or address free fails (in a rollback, or when it is given
+// up on) is not forgotten: it goes to a quarantine list, its pieces' chunks stay
+// pinned while it may still map them, and retry_quarantine() (on the next
+// growth, on release_cached()) and close() retry what is left.
+//
 // All member functions are noexcept; those that can fail say so by value and leave
-// the pool as it was. Pre for every call: the caller holds the allocator's lock.
+// the pool as it was (apart from a quarantine). Pre for every call: the caller holds the allocator's lock.
 #pragma once
 
 #include <cstddef>
@@ -43,6 +48,36 @@ class stitch_pool {
   /// Unmaps every block, in use or not (the allocator is going away).
   void close() noexcept {
     while (!by_pointer_.empty()) (void)unmap(*by_pointer_.begin(), true);
+    retry_quarantine(close_attempts);
+    while (!quarantine_.empty()) forget(quarantine_.front());  // nothing can retry after this
+  }
+
+  /// Retries what is left to undo of each quarantined block, each call up to
+  /// `attempts` times; a block with nothing left goes. No call when none is kept.
+  void retry_quarantine(int attempts = 1) noexcept {
+    for (auto it = quarantine_.begin(); it != quarantine_.end();) {
+      stitch_block& b = *it++;
+      if (b.pending_unmap != 0) {
+        if (retry([&] { return backend_.unmap(b.va, b.pending_unmap); }, attempts) != errc::ok) {
+          ++held_.failed_cleanups;
+          continue;
+        }
+        for (const auto& p : b.pieces) large_.pin(p.addr, p.end(), -1);
+        b.pending_unmap = 0;
+      }
+      if (retry([&] { return backend_.address_free(b.va, b.mapped); }, attempts) != errc::ok) {
+        ++held_.failed_cleanups;
+        continue;
+      }
+      forget(b);
+    }
+  }
+  [[nodiscard]] std::size_t quarantined_count() const noexcept { return quarantine_.size(); }
+  /// Virtual bytes of the quarantined blocks' reservations.
+  [[nodiscard]] std::size_t quarantined_bytes() const noexcept {
+    std::size_t n = 0;
+    for (const stitch_block& b : quarantine_) n += b.mapped;
+    return n;
   }
 
   // ------------------------------------------------------------ lookup
@@ -92,10 +127,20 @@ class stitch_pool {
       if (failure != errc::ok) break;
     }
     if (failure == errc::ok) failure = backend_.set_access(va.value, mapped);
-    if (failure != errc::ok) {  // roll back
-      if (done > 0) (void)backend_.unmap(va.value, done);  // one call over every mapped chunk
-      (void)backend_.address_free(va.value, mapped);
-      delete b;
+    if (failure != errc::ok) {  // roll back; what cannot be undone now is quarantined
+      const errc u = done > 0 ? backend_.unmap(va.value, done) : errc::ok;  // one call over every mapped chunk
+      if (u == errc::ok && backend_.address_free(va.value, mapped) == errc::ok) {
+        delete b;
+        return nullptr;
+      }
+      ++held_.failed_cleanups;
+      b->va = va.value;
+      b->mapped = mapped;
+      b->pending_unmap = u == errc::ok ? 0 : done;
+      b->pending_free = true;
+      if (b->pending_unmap != 0)
+        for (const auto& p : pieces) large_.pin(p.addr, p.end(), 1);  // its chunks stay while it may map them
+      keep(*b);
       return nullptr;
     }
     for (const auto& p : pieces) {
@@ -141,13 +186,14 @@ class stitch_pool {
   }
 
   /// S1 on the cache: claims the first of the `scan` smallest cached blocks of at
-  /// least `size` bytes that can be claimed, or returns nullptr.
-  [[nodiscard]] stitch_block* reuse(std::size_t size, std::size_t requested, std::uint32_t s,
-                                    std::size_t scan) noexcept {
+  /// least `size` bytes, at a pointer aligned to `alignment`, that can be claimed,
+  /// or returns nullptr.
+  [[nodiscard]] stitch_block* reuse(std::size_t size, std::size_t requested, std::uint32_t s, std::size_t scan,
+                                    std::size_t alignment = block_alignment) noexcept {
     auto it = cache_.lower_bound(size, stitch_capacity_less{});
     for (std::size_t n = 0; it != cache_.end() && n < scan; ++it, ++n) {
       stitch_block& b = *it;
-      if (claim(b, size, requested, s)) return &b;
+      if (b.pointer % alignment == 0 && claim(b, size, requested, s)) return &b;
     }
     return nullptr;
   }
@@ -221,6 +267,9 @@ class stitch_pool {
     }
     if (cached != lru_.size() || cached != cache_.size() || cached_bytes != cached_bytes_) return false;
     if (static_cast<std::int64_t>(by_pointer_.size()) != held_.stitched.current) return false;
+    if (static_cast<std::int64_t>(quarantine_.size()) != held_.quarantined_stitches.current) return false;
+    for (const stitch_block& b : quarantine_)
+      if (b.in_use || b.cached || !b.pending_free || b.pending_unmap > b.mapped) return false;
     std::vector<std::uint32_t> refs;
     try {
       refs.assign(large_.slot_count(), 0);
@@ -229,6 +278,9 @@ class stitch_pool {
     }
     for (const stitch_block& b : by_pointer_)
       for (const auto& p : b.pieces) large_.for_each_slot(p.addr, p.end(), [&](std::size_t i) { ++refs[i]; });
+    for (const stitch_block& b : quarantine_)  // pinned while they may still map their pieces
+      if (b.pending_unmap != 0)
+        for (const auto& p : b.pieces) large_.for_each_slot(p.addr, p.end(), [&](std::size_t i) { ++refs[i]; });
     return large_.check_refs(refs);
   }
   /// Bytes mapped by all blocks.
@@ -280,8 +332,12 @@ class stitch_pool {
   bool unmap(stitch_block& b, bool force) noexcept {
     if ((b.in_use || hold_) && !force) return false;
     if (!b.in_use && !streams_.wait(b.tag) && !force) return false;  // force: going away, no retry
-    if (backend_.unmap(b.va, b.mapped) != errc::ok && !force) return false;
-    (void)backend_.address_free(b.va, b.mapped);
+    // force: nothing can retry later, so retry now, a few times.
+    if (retry([&] { return backend_.unmap(b.va, b.mapped); }, force ? close_attempts : 1) != errc::ok) {
+      ++held_.failed_cleanups;
+      if (!force) return false;  // stays as it is (cached): retried later
+    }
+    const bool freed = retry([&] { return backend_.address_free(b.va, b.mapped); }, force ? close_attempts : 1) == errc::ok;
     for (const auto& p : b.pieces) large_.pin(p.addr, p.end(), -1);
     if (b.cached) uncache(b);
     if (b.in_use) {
@@ -290,8 +346,32 @@ class stitch_pool {
     by_pointer_.erase(by_pointer_.iterator_to(b));
     held_.stitched.sub(1);
     held_.mapped.sub(static_cast<std::int64_t>(b.mapped));
+    if (!freed && !force) {  // unmapped, but the reservation is still held: keep it
+      ++held_.failed_cleanups;
+      b.in_use = false;
+      b.claimed_count = 0;
+      b.pending_unmap = 0;
+      b.pending_free = true;
+      keep(b);
+      return true;
+    }
     delete &b;
     return true;
+  }
+
+  /// Puts a block given up on into the quarantine list.
+  void keep(stitch_block& b) noexcept {
+    b.cached = false;
+    quarantine_.push_back(b);
+    held_.quarantined_stitches.add(1);
+  }
+  /// Drops a quarantined block.
+  void forget(stitch_block& b) noexcept {
+    if (b.pending_unmap != 0)
+      for (const auto& p : b.pieces) large_.pin(p.addr, p.end(), -1);
+    quarantine_.erase(quarantine_.iterator_to(b));
+    held_.quarantined_stitches.sub(1);
+    delete &b;
   }
 
   Backend& backend_;
@@ -302,6 +382,7 @@ class stitch_pool {
   stitch_by_pointer by_pointer_;
   stitch_cache cache_;
   stitch_lru lru_;
+  stitch_lru quarantine_;  // blocks given up on whose undo failed (the LRU hook is free in them)
   std::size_t cached_bytes_ = 0;
   std::uint64_t clock_ = 0;
   bool hold_ = false;
