@@ -6,6 +6,7 @@
 // borrowed pointer) holding nothing after release_cached() and the destructor:
 // no chunk, no mapping, no reservation.
 #include <gmlake/gmlake.hpp>
+#include <gmlake/backend/host_memfd.hpp>
 #include <doctest/doctest.h>
 
 #include "support.hpp"
@@ -220,7 +221,7 @@ TEST_CASE("reliability: aligned requests are served exactly") {
       CAPTURE(al);
       {
         gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), small_opts());
-        void* p = a.try_allocate(cap, 0, al);
+        void* p = a.try_allocate(cap, gmlake::host_stream{}, al);
         REQUIRE(p != nullptr);
         CHECK(reinterpret_cast<std::uintptr_t>(p) % al == 0);
         touch(p, cap, 1);
@@ -229,7 +230,7 @@ TEST_CASE("reliability: aligned requests are served exactly") {
       }
       {
         gmlake::gmlake_allocator<simulated> a(simulated(cap, C), small_opts());
-        void* p = a.try_allocate(cap, 0, al);
+        void* p = a.try_allocate(cap, gmlake::host_stream{}, al);
         REQUIRE(p != nullptr);
         CHECK(reinterpret_cast<std::uintptr_t>(p) % al == 0);
         a.deallocate(p);
@@ -245,7 +246,7 @@ TEST_CASE("reliability: aligned requests are served exactly") {
       a.deallocate(all[i]);
       all[i] = nullptr;
     }
-    void* p = a.try_allocate(4 * C, 0, 4096);
+    void* p = a.try_allocate(4 * C, gmlake::host_stream{}, 4096);
     REQUIRE(p != nullptr);
     CHECK(reinterpret_cast<std::uintptr_t>(p) % 4096 == 0);
     touch(p, 4 * C, 2);
@@ -259,7 +260,7 @@ TEST_CASE("reliability: aligned requests are served exactly") {
     gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), small_opts());
     std::vector<void*> all;
     for (std::size_t i = 0; i + 1 < cap / C; ++i) all.push_back(a.allocate(C));
-    void* p = a.try_allocate(kib, 0, C);
+    void* p = a.try_allocate(kib, gmlake::host_stream{}, C);
     REQUIRE(p != nullptr);
     CHECK(reinterpret_cast<std::uintptr_t>(p) % C == 0);
     touch(p, kib, 4);
@@ -274,7 +275,7 @@ TEST_CASE("reliability: aligned requests are served exactly") {
     a.deallocate(x);
     // Free [0, C + 512): one chunk at chunk alignment fits at 0 without new memory.
     const auto before = a.stats().reserved_bytes.current;
-    void* p = a.try_allocate(C, 0, C);
+    void* p = a.try_allocate(C, gmlake::host_stream{}, C);
     REQUIRE(p != nullptr);
     CHECK(reinterpret_cast<std::uintptr_t>(p) % C == 0);
     CHECK(a.stats().reserved_bytes.current == before);
@@ -376,7 +377,7 @@ void random_run(std::uint64_t seed, double rate, int ops, bool data, campaign& t
     struct live {
       void* p;
       std::size_t n;
-      std::uintptr_t stream;
+      gmlake::host_stream stream;
       std::uint32_t seed;
     };
     std::vector<live> blocks;
@@ -397,7 +398,7 @@ void random_run(std::uint64_t seed, double rate, int ops, bool data, campaign& t
         else n = C + rng() % (12 * C);
         std::size_t al = 512;
         if (rng() % 8 == 0) al = std::size_t{1} << (9 + rng() % 8);  // 512 B to 64 KiB = C
-        const std::uintptr_t s = rng() % 3;
+        const gmlake::host_stream s{rng() % 3};
         void* p = a->try_allocate(n, s, al);
         if (p == nullptr) {
           ++t.failed_allocs;
@@ -414,7 +415,7 @@ void random_run(std::uint64_t seed, double rate, int ops, bool data, campaign& t
       } else if (r < 95 && !blocks.empty()) {
         const std::size_t k = rng() % blocks.size();
         if (!check_block(blocks[k])) ++t.bad_data;
-        a->deallocate(blocks[k].p, blocks[k].n, rng() % 4 == 0 ? rng() % 3 : blocks[k].stream);
+        a->deallocate(blocks[k].p, blocks[k].n, rng() % 4 == 0 ? gmlake::host_stream{rng() % 3} : blocks[k].stream);
         blocks[k] = blocks.back();
         blocks.pop_back();
       } else {
