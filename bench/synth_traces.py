@@ -10,6 +10,12 @@ the real traces in bench/traces cover thinly, so tuning is checked beyond them:
   synth-mixed     mixed small and large requests, log-uniform 512 B .. 768 MiB,
                   random lifetimes, the pattern repeated per iteration with jitter
   synth-ckpt-dyn  checkpointing (recomputation) with a random sequence length per step
+  synth-seqsched  training whose sequence length follows a warm-up schedule (short
+                  sequences first, longer every few steps) and whose batch varies per
+                  step (tokens per batch about constant), so the peak keeps growing
+                  after the first iterations in steps of similar size
+  synth-moe       mixture-of-experts training: per layer, each of 8 experts gets the
+                  tokens the router sends it (random, uneven, different every step)
 
 Deterministic (fixed seeds). Usage: python3 bench/synth_traces.py [OUTDIR]
 (default bench/traces/synthetic).
@@ -152,11 +158,69 @@ def ckpt_dyn(w, r):
         w.free(x)
 
 
+def seqsched(w, r):
+    params = [w.a(r.choice([16, 48]) * MiB) for _ in range(64)]
+    opt = [w.a(r.choice([32, 96]) * MiB) for _ in range(64)]
+    sched = [256, 256, 512, 512, 768, 1024, 1024, 1536, 2048, 2048, 3072, 4096, 4096, 4096]
+    for it, seq in enumerate(sched):
+        w.it(it)
+        b = max(1, 16384 // seq) * r.choice([1, 2]) // 2 or 1  # tokens per batch about constant
+        h = 2048
+        acts = []
+        for l in range(16):  # forward: every layer keeps its activations for backward
+            acts += [w.a(b * seq * x * 2) for x in (h, h, 4 * h)]
+            att = w.a(b * 16 * seq * seq * 2)  # attention scores, quadratic in seq
+            tmp = w.a(b * seq * 4 * h * 2)
+            w.free(tmp)
+            w.free(att)
+        logits = w.a(b * seq * 32000 * 4)
+        w.free(logits)
+        for l in reversed(range(16)):  # backward: grads, then the layer's activations go
+            g = [w.a(b * seq * x * 2) for x in (h, 4 * h)]
+            att = w.a(b * 16 * seq * seq * 2)
+            w.free(att)
+            for x in acts[3 * l:3 * l + 3] + g:
+                w.free(x)
+        grads = [w.a(64 * MiB) for _ in range(8)]  # bucketed gradient all-reduce
+        for x in grads:
+            w.free(x)
+    for x in params + opt:
+        w.free(x)
+
+
+def moe(w, r):
+    params = [w.a(r.choice([8, 24, 56]) * MiB) for _ in range(128)]
+    h, experts, tokens = 1536, 8, 8192
+    for it in range(14):
+        w.it(it)
+        acts = []
+        for l in range(12):
+            acts.append(w.a(tokens * h * 2))
+            router = w.a(tokens * experts * 4)
+            weights = [r.random() ** 2 + 0.05 for _ in range(experts)]  # uneven routing
+            s = sum(weights)
+            counts = [int(tokens * 2 * x / s) for x in weights]  # top-2 routing
+            for c in counts:
+                inp = w.a(c * h * 2)
+                mid = w.a(c * 4 * h * 2)
+                acts += [inp, mid]
+                out = w.a(c * h * 2)
+                w.free(out)
+            w.free(router)
+        for x in reversed(acts):  # backward: a grad per saved tensor, then both go
+            g = w.a(max(512, r.choice([1, 2]) * 4096) if x % 3 == 0 else 2 * MiB)
+            w.free(g)
+            w.free(x)
+    for x in params:
+        w.free(x)
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "traces", "synthetic")
     os.makedirs(out, exist_ok=True)
     for name, fn, seed in [("synth-kvcache", kvcache, 1), ("synth-offload", offload, 2),
-                           ("synth-mixed", mixed, 3), ("synth-ckpt-dyn", ckpt_dyn, 4)]:
+                           ("synth-mixed", mixed, 3), ("synth-ckpt-dyn", ckpt_dyn, 4),
+                           ("synth-seqsched", seqsched, 5), ("synth-moe", moe, 6)]:
         w = writer(os.path.join(out, name + ".trace.gz"), name)
         fn(w, random.Random(seed))
         w.close()
