@@ -1,5 +1,5 @@
 // tests/test_reliability.cpp - the promises of docs/reliability.md under double
-// faults, failed releases, alignment and near capacity (issue 15), each scenario
+// faults, failed releases, alignment and near capacity, each scenario
 // as it was found, and a random fault campaign over every kind of backend call.
 //
 // Every case ends with the real backend (below the fault injector, through a
