@@ -76,7 +76,7 @@ void touch(void* p, std::size_t n, unsigned char v) {
 
 } // namespace
 
-// Issue 15, 1: large-arena growth whose set_access fails, and whose rollback's own
+// Regression: large-arena growth whose set_access fails, and whose rollback's own
 // unmap fails too. Before: the range was forgotten while the backend still mapped
 // it; every later large request failed; check_invariants() said true.
 TEST_CASE("reliability: growth whose step and whose rollback's unmap both fail") {
@@ -120,7 +120,7 @@ TEST_CASE("reliability: growth whose step and whose rollback's unmap both fail")
   check_backend_empty(backend);
 }
 
-// Issue 15, 1: a stitch whose map fails, and whose rollback's unmap fails too.
+// Regression: a stitch whose map fails, and whose rollback's unmap fails too.
 // Before: the stitched block's reservation and two chunks leaked, and
 // try_allocate(capacity) failed for good.
 TEST_CASE("reliability: a stitch whose map and whose rollback's unmap both fail") {
@@ -154,7 +154,7 @@ TEST_CASE("reliability: a stitch whose map and whose rollback's unmap both fail"
   }
 }
 
-// Issue 15, 2: a failed release. Before: release_cached() counted the chunk as
+// Regression: a failed release. Before: release_cached() counted the chunk as
 // released while the backend still held it, and it was lost for good.
 TEST_CASE("reliability: a failed release is kept, not counted, and retried") {
   for (fault kind : {fault::release, fault::unmap}) {
@@ -184,7 +184,7 @@ TEST_CASE("reliability: a failed release is kept, not counted, and retried") {
   }
 }
 
-// Issue 15, 2: a failed address free of a stitched block given up on (evicted).
+// Regression: a failed address free of a stitched block given up on (evicted).
 TEST_CASE("reliability: a stitched block whose address free fails is kept and retried") {
   real backend(cap, C);
   {
@@ -213,7 +213,7 @@ TEST_CASE("reliability: a stitched block whose address free fails is kept and re
   check_backend_empty(backend);
 }
 
-// Issue 15, 3: aligned requests refused while memory is free (the slack was a
+// Regression: aligned requests refused while memory is free (the slack was a
 // whole extra chunk; aligned large requests never stitched).
 TEST_CASE("reliability: aligned requests are served exactly") {
   SUBCASE("the whole capacity at chunk and at 1024 B alignment, on an empty allocator") {
@@ -285,7 +285,7 @@ TEST_CASE("reliability: aligned requests are served exactly") {
   }
 }
 
-// Issue 15, 5: growth created handles of up to max_handle and never smaller ones;
+// Regression: growth created handles of up to max_handle and never smaller ones;
 // on host_memfd a handle needs contiguous file slots, so near capacity it failed.
 TEST_CASE("reliability: growth falls back to smaller handles near capacity") {
   gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), small_opts());
@@ -323,7 +323,7 @@ void reentrant_hook(const char*, void*) {
 }
 } // namespace
 
-// Issue 15, 6: the misuse hook ran under the allocator's lock (a hook calling
+// Regression: the misuse hook ran under the allocator's lock (a hook calling
 // stats() deadlocked). It runs after the lock is released.
 TEST_CASE("reliability: the misuse hook may call the allocator") {
   gmlake::options o = small_opts();
@@ -463,7 +463,7 @@ void random_configs(std::uint64_t seed, double rate, int ops, bool data, campaig
 
 } // namespace
 
-// Issue 15: random workloads with 1-5% of every kind of backend call failing, over
+// Regression: random workloads with 1-5% of every kind of backend call failing, over
 // seeds, configurations and both host backends, end with the backend holding
 // nothing after release_cached() and the destructor. Before: 10 of 12 runs at 3%
 // lost memory for good.
@@ -489,7 +489,7 @@ TEST_CASE("reliability: random faults of every kind, every configuration, the ba
   CHECK(t.leaks == 0);
 }
 
-// Issue 15, 4: the shortfall was created in one contiguous address range only; with
+// Regression: the shortfall was created in one contiguous address range only; with
 // the arena's address space cut into holes smaller than the request, a request
 // failed while the backend had the memory.
 TEST_CASE("reliability: shortfall chunks in several address ranges") {
