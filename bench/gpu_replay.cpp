@@ -34,6 +34,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -56,36 +57,42 @@ class timed_vmm : public gmlake::backend::cuda_vmm {
   using base::base;
   std::uint64_t ns = 0;     ///< time inside driver calls
   std::uint64_t calls = 0;  ///< driver calls made
+  /// Time inside driver calls by kind: gmlake::call_names, then query and synchronize.
+  std::array<std::uint64_t, gmlake::call_count + 2> ns_of{};
 
   template <class F>
-  auto time(F f) noexcept {
+  auto time(std::size_t kind, F f) noexcept {
     const auto t0 = clock_type::now();
     auto r = f();
-    ns += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count());
+    const auto d = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count());
+    ns += d;
+    ns_of[kind] += d;
     ++calls;
     return r;
   }
+  static constexpr std::size_t k(gmlake::call c) noexcept { return static_cast<std::size_t>(c); }
+  static constexpr std::size_t query_kind = gmlake::call_count, synchronize_kind = gmlake::call_count + 1;
 
  public:
 
-  [[nodiscard]] gmlake::result<std::uintptr_t> reserve(std::size_t n) noexcept { return time([&] { return base::reserve(n); }); }
+  [[nodiscard]] gmlake::result<std::uintptr_t> reserve(std::size_t n) noexcept { return time(k(gmlake::call::reserve), [&] { return base::reserve(n); }); }
   [[nodiscard]] gmlake::errc address_free(std::uintptr_t va, std::size_t n) noexcept {
-    return time([&] { return base::address_free(va, n); });
+    return time(k(gmlake::call::address_free), [&] { return base::address_free(va, n); });
   }
-  [[nodiscard]] gmlake::result<chunk_type> create(std::size_t n) noexcept { return time([&] { return base::create(n); }); }
-  [[nodiscard]] gmlake::errc release(chunk_type c) noexcept { return time([&] { return base::release(c); }); }
+  [[nodiscard]] gmlake::result<chunk_type> create(std::size_t n) noexcept { return time(k(gmlake::call::create), [&] { return base::create(n); }); }
+  [[nodiscard]] gmlake::errc release(chunk_type c) noexcept { return time(k(gmlake::call::release), [&] { return base::release(c); }); }
   [[nodiscard]] gmlake::errc map(std::uintptr_t va, std::size_t n, chunk_type c) noexcept {
-    return time([&] { return base::map(va, n, c); });
+    return time(k(gmlake::call::map), [&] { return base::map(va, n, c); });
   }
   [[nodiscard]] gmlake::errc set_access(std::uintptr_t va, std::size_t n) noexcept {
-    return time([&] { return base::set_access(va, n); });
+    return time(k(gmlake::call::set_access), [&] { return base::set_access(va, n); });
   }
   [[nodiscard]] gmlake::errc unmap(std::uintptr_t va, std::size_t n) noexcept {
-    return time([&] { return base::unmap(va, n); });
+    return time(k(gmlake::call::unmap), [&] { return base::unmap(va, n); });
   }
-  [[nodiscard]] gmlake::result<event_type> record(stream_type s) noexcept { return time([&] { return base::record(s); }); }
-  [[nodiscard]] gmlake::result<bool> query(event_type e) noexcept { return time([&] { return base::query(e); }); }
-  [[nodiscard]] gmlake::errc synchronize(event_type e) noexcept { return time([&] { return base::synchronize(e); }); }
+  [[nodiscard]] gmlake::result<event_type> record(stream_type s) noexcept { return time(k(gmlake::call::record), [&] { return base::record(s); }); }
+  [[nodiscard]] gmlake::result<bool> query(event_type e) noexcept { return time(query_kind, [&] { return base::query(e); }); }
+  [[nodiscard]] gmlake::errc synchronize(event_type e) noexcept { return time(synchronize_kind, [&] { return base::synchronize(e); }); }
 
 };
 static_assert(gmlake::PhysicalBackend<timed_vmm>);
@@ -99,6 +106,10 @@ struct peer {
   virtual std::uint64_t peak_reserved() = 0;
   virtual std::uint64_t driver_ns() { return 0; }
   virtual std::uint64_t driver_calls() { return 0; }
+  /// Driver time by call kind (timed_vmm::ns_of; empty for the peers).
+  virtual std::array<std::uint64_t, gmlake::call_count + 2> driver_ns_of() { return {}; }
+  /// Backend calls that failed, by kind (gmlake only).
+  virtual std::array<std::uint64_t, gmlake::call_count> stats_failures() { return {}; }
   virtual std::uint64_t device_allocs() { return 0; }  ///< segments / chunks made so far
   virtual void release() {}                            ///< give cached memory back (end of a trace)
 };
@@ -112,6 +123,8 @@ struct gmlake_peer final : peer {
   std::uint64_t peak_reserved() override { return static_cast<std::uint64_t>(a.stats().reserved_bytes.peak); }
   std::uint64_t driver_ns() override { return a.backend().ns; }
   std::uint64_t driver_calls() override { return a.backend().calls; }
+  std::array<std::uint64_t, gmlake::call_count + 2> driver_ns_of() override { return a.backend().ns_of; }
+  std::array<std::uint64_t, gmlake::call_count> stats_failures() override { return a.stats().call_failures; }
   std::uint64_t device_allocs() override {
     return a.stats().calls[static_cast<std::size_t>(gmlake::call::create)];
   }
@@ -203,6 +216,7 @@ int replay(peer& a, const trace& t, int device) {
   std::uint64_t live = 0, peak_live = 0, failed = 0, ops_after = 0, iters_after = 0;
   std::uint64_t device_peak = 0;
   std::uint64_t drv_ns4 = 0, drv_calls4 = 0, allocs4 = 0;
+  std::array<std::uint64_t, gmlake::call_count + 2> drv_of4{};
   bool seen4 = false;
   clock_type::time_point t4{};
   clock_type::duration measured{};
@@ -240,6 +254,7 @@ int replay(peer& a, const trace& t, int device) {
           seen4 = true;
           drv_ns4 = a.driver_ns();
           drv_calls4 = a.driver_calls();
+          drv_of4 = a.driver_ns_of();
           allocs4 = a.device_allocs();
           t4 = clock_type::now();
         } else if (seen4) {
@@ -267,6 +282,19 @@ int replay(peer& a, const trace& t, int device) {
               (unsigned long long)(a.driver_calls() - drv_calls4),
               (unsigned long long)(a.device_allocs() - allocs4));
   std::fflush(stdout);
+  if (a.driver_ns() != 0) {  // where the driver time went, on stderr (replay.err)
+    const auto of = a.driver_ns_of();
+    std::fprintf(stderr, "%s %s driver us/iter after i 4 by call:", t.name.c_str(), a.name());
+    for (std::size_t i = 0; i < of.size(); ++i) {
+      const char* n = i < gmlake::call_count ? gmlake::call_names[i] : (i == gmlake::call_count ? "query" : "synchronize");
+      std::fprintf(stderr, " %s %.1f", n, iters_after ? (of[i] - drv_of4[i]) / 1e3 / static_cast<double>(iters_after) : 0.0);
+    }
+    const auto st = a.stats_failures();
+    std::fprintf(stderr, "; failed calls:");
+    for (std::size_t i = 0; i < st.size(); ++i)
+      if (st[i] != 0) std::fprintf(stderr, " %s %llu", gmlake::call_names[i], (unsigned long long)st[i]);
+    std::fprintf(stderr, "\n");
+  }
   for (std::size_t i = 0; i < ptrs.size(); ++i)
     if (ptrs[i]) a.free(ptrs[i], 0, on[i]);
   a.release();

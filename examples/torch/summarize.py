@@ -178,6 +178,17 @@ def rounds_table(runs, lines):
              for t in rounds if (t, "gmlake") in by and (t, "default") in by
              and by[(t, "gmlake")].get("tokens_per_s") and by[(t, "default")].get("tokens_per_s")]
         lines.append("")
+        lines.append("| allocator | peak reserved GB (device view) per round | median | losses equal default's |")
+        lines.append("|---|---|---|---|")
+        for a in ALLOCATORS:
+            peaks = [by[(t, a)].get("peak_reserved_device") for t in rounds if (t, a) in by]
+            peaks = [p for p in peaks if p]
+            same = [by[(t, a)].get("losses") == by[(t, "default")].get("losses")
+                    for t in rounds if (t, a) in by and (t, "default") in by]
+            lines.append(f"| {a} | " + ", ".join(gb(p) for p in peaks) + " | "
+                         + (gb(median(peaks)) if peaks else "-") + " | "
+                         + (("yes" if all(same) else "NO") if same else "-") + " |")
+        lines.append("")
         if g:
             lines.append(f"- {m}: gmlake median {median(g):.2f}% of default over {len(g)} rounds "
                          f"(min {min(g):.2f}%, max {max(g):.2f}%)")

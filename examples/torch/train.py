@@ -80,6 +80,11 @@ MODELS = {
     "llama-small-lora-ckpt": dict(family="llama", layers=8, hidden=1024, ffn=2816, heads=16, kv_heads=4,
                                   vocab=32000, seq=(128, 2048), batch=8, ckpt=True, lora=True,
                                   bf16_weights=True),
+    # TinyLlama shape, bf16 weights, full fine-tune; batch size and sequence length both
+    # drawn per step (batch_range: (lo, hi)), so the activations' shapes change every step
+    "llama1b-dynbatch": dict(family="llama", layers=22, hidden=2048, ffn=5632, heads=32, kv_heads=4,
+                             vocab=32000, seq=(128, 1024), batch=8, batch_range=(2, 16), ckpt=False,
+                             lora=False, bf16_weights=True),
     # GPT-2 small with a fixed shape: the torch.compile(mode="reduce-overhead") run
     "gpt2s-fixed": dict(family="gpt2", layers=12, hidden=768, heads=12, vocab=50257,
                         seq=(512, 512), batch=8, ckpt=False, lora=False, bf16_weights=False),
@@ -268,15 +273,17 @@ def build_model(name, spec, torch, R):
     return model
 
 
-def make_batches(spec, steps, batch, seed, torch):
-    """Deterministic synthetic token batches (CPU), and their sequence lengths."""
+def make_batches(spec, steps, batch, seed, torch, batch_range=None):
+    """Deterministic synthetic token batches (CPU): sequence length drawn per step from
+    spec["seq"], the batch size from batch_range (lo, hi) when given, else `batch`."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     lo, hi = spec["seq"]
     out = []
     for _ in range(steps):
         s = lo if lo == hi else rng.randint(lo, hi)
-        out.append(torch.randint(0, spec["vocab"], (batch, s), generator=gen, dtype=torch.long))
+        b = rng.randint(*batch_range) if batch_range else batch
+        out.append(torch.randint(0, spec["vocab"], (b, s), generator=gen, dtype=torch.long))
     return out
 
 
@@ -509,7 +516,8 @@ def main(argv=None):
         else:
             rec_lists = new_record()
             R.update(rec_lists)
-            batches = make_batches(spec, args.steps, batch, args.seed, torch)
+            batches = make_batches(spec, args.steps, batch, args.seed, torch,
+                                   None if args.batch else spec.get("batch_range"))
             run_steps(model, opt, batches, torch, mem, rec=rec, record=rec_lists, allocator=args.allocator)
             R["tokens_per_s"] = tokens_per_s(rec_lists)
             R["ok"] = True

@@ -177,6 +177,7 @@ class basic_allocator {
     s.quarantined_stitches = held_.quarantined_stitches;
     s.failed_cleanups = held_.failed_cleanups;
     s.calls = driver_.counts().calls;
+    s.call_failures = driver_.counts().failures;
     return s;
   }
   /// @brief Capture mode, for CUDA graph capture: while on, the allocator makes no

@@ -62,6 +62,7 @@ struct statistics {
   stat quarantined_stitches;
   std::array<std::uint64_t, fit_state_count> fit{};  ///< requests by BestFit state
   std::array<std::uint64_t, call_count> calls{};     ///< backend calls by kind, one per call
+  std::array<std::uint64_t, call_count> call_failures{};  ///< of those, the ones that failed
   std::uint64_t cached_stitch_hits = 0;  ///< S1 served by a cached stitched block
   std::uint64_t evictions = 0;           ///< stitched blocks released by the eviction policy
   std::uint64_t num_alloc_retries = 0;   ///< requests that released cache and retried
