@@ -457,3 +457,24 @@ TEST_CASE("faults (fuzz regression): extension into a hole between two pending f
   a.deallocate(w, C, gmlake::host_stream{1});
   gmlake_test::check_released(a);
 }
+
+TEST_CASE("faults: stats count each kind of backend call and the ones that failed") {
+  real backend(cap, C);
+  gmlake::options opt;
+  opt.small_max = 16 * kib;
+  alloc_t a(faulty(&backend), opt, policy::best_fit_pieces{}, policy::lru{});
+  void* p = a.allocate(2 * C);
+  const auto s0 = a.stats();
+  CHECK(s0.calls[static_cast<std::size_t>(gmlake::call::create)] >= 1);
+  for (auto f : s0.call_failures) CHECK(f == 0);
+  a.backend().fail_at(fault::map, a.backend().calls(fault::map) + 1);  // the next map fails
+  void* q = a.try_allocate(4 * C);  // its growth's map fails: it fails, or is served another way
+  if (q != nullptr) a.deallocate(q);
+  const auto s1 = a.stats();
+  CHECK(s1.call_failures[static_cast<std::size_t>(gmlake::call::map)] == 1);
+  CHECK(s1.call_failures[static_cast<std::size_t>(gmlake::call::create)] == 0);
+  CHECK(s1.calls[static_cast<std::size_t>(gmlake::call::map)] > s0.calls[static_cast<std::size_t>(gmlake::call::map)]);
+  a.backend().disarm();
+  CHECK(a.check_invariants());
+  a.deallocate(p);
+}
