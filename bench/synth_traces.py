@@ -16,6 +16,10 @@ the real traces in bench/traces cover thinly, so tuning is checked beyond them:
                   after the first iterations in steps of similar size
   synth-moe       mixture-of-experts training: per layer, each of 8 experts gets the
                   tokens the router sends it (random, uneven, different every step)
+  synth-vision    vision training at a variable resolution: every step draws an image
+                  size (224..640) and a batch that keeps pixels per batch about
+                  constant; feature maps at four strides, attention over the last
+                  stage's tokens (quadratic in them)
 
 Deterministic (fixed seeds). Usage: python3 bench/synth_traces.py [OUTDIR]
 (default bench/traces/synthetic).
@@ -215,12 +219,50 @@ def moe(w, r):
         w.free(x)
 
 
+def vision(w, r):
+    params = [w.a(r.choice([4, 9, 18]) * MiB) for _ in range(96)]
+    opt = [w.a(r.choice([8, 18, 36]) * MiB) for _ in range(96)]
+    stages = [(4, 96, 3), (8, 192, 3), (16, 384, 9), (32, 768, 3)]  # stride, channels, blocks
+    for it in range(16):
+        w.it(it)
+        res = r.choice([224, 256, 320, 384, 448, 512, 640])
+        b = max(2, int(48 * (224 / res) ** 2))
+        b = max(2, b + r.randint(-(b // 4), b // 4))
+        acts = [(w.a(b * 3 * res * res * 2), b * 3 * res * res * 2)]
+        for stride, ch, blocks in stages:  # forward: each block keeps what backward needs
+            hw = (res // stride) ** 2
+            for _ in range(blocks):
+                for n in (b * ch * hw * 2, b * ch * hw * 2, b * 4 * ch * hw * 2, ch * 8):
+                    acts.append((w.a(n), n))
+                tmp = w.a(b * 4 * ch * hw * 2)
+                w.free(tmp)
+        tokens = (res // 32) ** 2
+        n = b * 12 * tokens * tokens * 2
+        acts.append((w.a(n), n))
+        logits = w.a(b * 1000 * 4)
+        w.free(logits)
+        grad = None
+        for x, n in reversed(acts):  # backward: the running gradient, then the activation
+            g = w.a(n)
+            if grad is not None:
+                w.free(grad)
+            w.free(x)
+            grad = g
+        w.free(grad)
+        buckets = [w.a(25 * MiB) for _ in range(6)]  # gradient all-reduce buckets
+        for x in buckets:
+            w.free(x)
+    for x in params + opt:
+        w.free(x)
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "traces", "synthetic")
     os.makedirs(out, exist_ok=True)
     for name, fn, seed in [("synth-kvcache", kvcache, 1), ("synth-offload", offload, 2),
                            ("synth-mixed", mixed, 3), ("synth-ckpt-dyn", ckpt_dyn, 4),
-                           ("synth-seqsched", seqsched, 5), ("synth-moe", moe, 6)]:
+                           ("synth-seqsched", seqsched, 5), ("synth-moe", moe, 6),
+                           ("synth-vision", vision, 7)]:
         w = writer(os.path.join(out, name + ".trace.gz"), name)
         fn(w, random.Random(seed))
         w.close()
