@@ -50,22 +50,28 @@ using clock_type = std::chrono::steady_clock;
 using gmlake_bench::event;
 using gmlake_bench::trace;
 
+/// Nanoseconds inside driver calls by kind: gmlake::call_names, then query and synchronize.
+using driver_times = std::array<std::uint64_t, gmlake::call_count + 2>;
+
 /// The CUDA backend with the time spent in each driver call added up.
 class timed_vmm : public gmlake::backend::cuda_vmm {
  public:
   using base = gmlake::backend::cuda_vmm;
   using base::base;
-  std::uint64_t ns = 0;     ///< time inside driver calls
   std::uint64_t calls = 0;  ///< driver calls made
-  /// Time inside driver calls by kind: gmlake::call_names, then query and synchronize.
-  std::array<std::uint64_t, gmlake::call_count + 2> ns_of{};
+  driver_times ns_of{};
+  /// Time inside all driver calls.
+  [[nodiscard]] std::uint64_t ns() const noexcept {
+    std::uint64_t n = 0;
+    for (std::uint64_t x : ns_of) n += x;
+    return n;
+  }
 
   template <class F>
   auto time(std::size_t kind, F f) noexcept {
     const auto t0 = clock_type::now();
     auto r = f();
     const auto d = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count());
-    ns += d;
     ns_of[kind] += d;
     ++calls;
     return r;
@@ -107,7 +113,7 @@ struct peer {
   virtual std::uint64_t driver_ns() { return 0; }
   virtual std::uint64_t driver_calls() { return 0; }
   /// Driver time by call kind (timed_vmm::ns_of; empty for the peers).
-  virtual std::array<std::uint64_t, gmlake::call_count + 2> driver_ns_of() { return {}; }
+  virtual driver_times driver_ns_of() { return {}; }
   /// Backend calls that failed, by kind (gmlake only).
   virtual std::array<std::uint64_t, gmlake::call_count> stats_failures() { return {}; }
   virtual std::uint64_t device_allocs() { return 0; }  ///< segments / chunks made so far
@@ -121,9 +127,9 @@ struct gmlake_peer final : peer {
   void* allocate(std::size_t n, cudaStream_t s) override { return a.try_allocate(n, reinterpret_cast<CUstream>(s)); }
   void free(void* p, std::size_t n, cudaStream_t s) override { a.deallocate(p, n, reinterpret_cast<CUstream>(s)); }
   std::uint64_t peak_reserved() override { return static_cast<std::uint64_t>(a.stats().reserved_bytes.peak); }
-  std::uint64_t driver_ns() override { return a.backend().ns; }
+  std::uint64_t driver_ns() override { return a.backend().ns(); }
   std::uint64_t driver_calls() override { return a.backend().calls; }
-  std::array<std::uint64_t, gmlake::call_count + 2> driver_ns_of() override { return a.backend().ns_of; }
+  driver_times driver_ns_of() override { return a.backend().ns_of; }
   std::array<std::uint64_t, gmlake::call_count> stats_failures() override { return a.stats().call_failures; }
   std::uint64_t device_allocs() override {
     return a.stats().calls[static_cast<std::size_t>(gmlake::call::create)];
@@ -216,7 +222,7 @@ int replay(peer& a, const trace& t, int device) {
   std::uint64_t live = 0, peak_live = 0, failed = 0, ops_after = 0, iters_after = 0;
   std::uint64_t device_peak = 0;
   std::uint64_t drv_ns4 = 0, drv_calls4 = 0, allocs4 = 0;
-  std::array<std::uint64_t, gmlake::call_count + 2> drv_of4{};
+  driver_times drv_of4{};
   bool seen4 = false;
   clock_type::time_point t4{};
   clock_type::duration measured{};
