@@ -2,7 +2,7 @@
 """Turns gmlake-gpu-replay JSON lines into the markdown table of docs/benchmarks.md.
 
     python3 bench/gpu_table.py replay.jsonl > table.md
-    python3 bench/gpu_table.py replay.jsonl --into docs/benchmarks.md
+    python3 bench/gpu_table.py replay.jsonl --into docs/benchmarks.md [--before before.jsonl]
 
 --into writes the section "On the H200" into the file, between the markers
 <!-- h200 --> and <!-- /h200 --> (appended with them when absent);
@@ -12,6 +12,7 @@ Per trace: each allocator's own peak reserved, the device's view of it, fragment
 (1 - peak live / peak reserved), time per allocate/free after iteration 4, and for
 gmlake the measured driver time per iteration after 4; then whether gmlake is at or
 below the best peer, and at or below PyTorch's default time per operation.
+--before adds gmlake's figures of an earlier run (another build) beside this one's.
 """
 import json
 import os
@@ -60,7 +61,8 @@ def table(path):
 
 HEADER = """## On the H200
 
-The five traces of bench/traces recorded from PyTorch jobs on the H200, replayed on one
+Every trace of bench/traces (recorded from PyTorch jobs on the H200) and of
+bench/traces/synthetic, replayed on one
 NVIDIA H200 (CUDA 13.0, driver 580.159, torch 2.11.0+cu130) by `gmlake-gpu-replay`, one
 process per trace and allocator, streams honoured (each trace stream a CUDA stream;
 frees on the allocating stream): gmlake's default allocator on the CUDA VMM backend,
@@ -73,11 +75,46 @@ the allocate and free calls (loop overhead included). Driver us/iter: measured t
 inside CUDA driver calls after `i 4` (gmlake only; the peers' device allocations are
 counted instead).
 
-Command (on the GPU machine): `bash .ci/gpu OUT TRACES`, TRACES those five traces
+Command (on the GPU machine): `bash .ci/gpu OUT bench/traces/*.trace.gz bench/traces/synthetic/*.trace.gz`
 (`GMLAKE_BIN=DIR` to use binaries built elsewhere), then
 `python3 bench/gpu_table.py OUT/replay.jsonl`; these figures: `bench/results/h200-replay.jsonl`.
 
 """
+
+
+def load(path):
+    rows = {}
+    for line in open(path):
+        if line.strip().startswith("{"):
+            r = json.loads(line)
+            rows.setdefault(r["trace"], {})[r["allocator"]] = r
+    return rows
+
+
+BEFORE = """### Before and after: repairing cached stitched blocks
+
+gmlake's rows of two runs of the same command on the H200, the same day: before,
+the build without repair (`bench/results/h200-replay-norepair.jsonl`); after, the
+build above (`options::repair_chunks` 4, the default). Only llama-small-lora-ckpt,
+llama1b-generate and synth-mixed repair blocks (5, 4 and 1 repairs in the simulated
+replay); every other trace makes the same calls in both builds, so its differences
+are the run-to-run variation of measured time (gpt2s-dynseq: 1158 and 1422 us).
+
+"""
+
+
+def before_after(before, after):
+    b, a = load(before), load(after)
+    out = ["| trace | frag before | frag after | driver us/iter before | after | ns/op before | after |",
+           "|---|---|---|---|---|---|---|"]
+    for trace in sorted(a):
+        x, y = b.get(trace, {}).get("gmlake"), a[trace].get("gmlake")
+        if not x or not y:
+            continue
+        out.append(f"| {trace} | {100*x['fragmentation']:.2f}% | {100*y['fragmentation']:.2f}% "
+                   f"| {x['driver_us_per_iter_after_4']:.0f} | {y['driver_us_per_iter_after_4']:.0f} "
+                   f"| {x['ns_per_op_after_4']:.0f} | {y['ns_per_op_after_4']:.0f} |")
+    return BEFORE + "\n".join(out) + "\n\n"
 
 
 def into(path, section):
@@ -93,7 +130,9 @@ def into(path, section):
 
 
 def main(argv):
-    if len(argv) == 3 and argv[1] == "--into":
+    if len(argv) == 5 and argv[1] == "--into" and argv[3] == "--before":
+        into(argv[2], HEADER + table(argv[0]) + "\n" + before_after(argv[4], argv[0]))
+    elif len(argv) == 3 and argv[1] == "--into":
         into(argv[2], HEADER + table(argv[0]))
     elif len(argv) == 1:
         sys.stdout.write(table(argv[0]))

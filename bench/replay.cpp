@@ -181,7 +181,7 @@ struct outcome {
   std::uint64_t peak_live = 0, peak_reserved = 0, peak_mapped = 0, failed = 0;
   std::uint64_t calls = 0, creates_after_4 = 0, calls_after_4 = 0;
   double driver_us_per_iter_after_4 = 0, ns_per_op = 0;
-  std::uint64_t iters_after_4 = 0, stitches = 0, cached_hits = 0, evictions = 0;
+  std::uint64_t iters_after_4 = 0, stitches = 0, cached_hits = 0, repairs = 0, evictions = 0;
   std::array<std::uint64_t, gmlake::fit_state_count> fit{};
   gmlake::memory_breakdown at_peak{};  ///< where the bytes were when the peak reserved was reached
   std::uint64_t live_at_peak = 0;      ///< live (512 B rounded) then
@@ -306,6 +306,7 @@ outcome replay(const trace& t, const char* name, const knobs& k, Allocator& a) {
   for (auto c : now.calls) o.calls += c;
   o.fit = st.fit;
   o.cached_hits = st.cached_stitch_hits;
+  o.repairs = st.cached_stitch_repairs;
   o.evictions = st.evictions;
   o.stitches = static_cast<std::uint64_t>(st.stitched_blocks.allocated);
   if (seen4) {
@@ -410,6 +411,7 @@ int main(int argc, char** argv) {
     else if (a == "--chunk-mib" && i + 1 < argc) k.opt.chunk_size = num(std::size_t{1} << 20);
     else if (a == "--small-max-kib" && i + 1 < argc) k.opt.small_max = num(1024);
     else if (a == "--cached-scan" && i + 1 < argc) k.opt.cached_scan = num(1);
+    else if (a == "--repair-chunks" && i + 1 < argc) k.opt.repair_chunks = num(1);
     else if (a == "--pieces" && i + 1 < argc) k.pieces = num(1);
     else if (a == "--no-lend") k.no_lend = true;
     else if (a == "--lend-to-small") k.lend_to_small = true;
@@ -423,6 +425,7 @@ int main(int argc, char** argv) {
     else if (a == "-h" || a == "--help") {
       std::printf("usage: gmlake-replay [--json] [--breakdown] [--config NAME]... [--cost-model FILE]\n"
                   "                     [--timeline DIR] [--chunk-mib N] [--small-max-kib N] [--cached-scan N]\n"
+                  "                     [--repair-chunks N]\n"
                   "                     [--pieces N] [--max-handle-mib N] [--min-growth-mib N]\n                     [--growth-divisor N]\n                     [--big-growth-mib N] [--big-handle-mib N] [--no-lend]\n                     [--lend-to-small] [--stitch-edges-mib N] [--log-driver]\n"
                   "                     TRACE.trace.gz...\nconfigurations:");
       for (const auto& n : config_names()) std::printf(" %s", n.c_str());
@@ -481,7 +484,7 @@ int main(int argc, char** argv) {
                     "\"peak_reserved_bytes\":%llu,\"peak_mapped_bytes\":%llu,\"fragmentation\":%.6f,"
                     "\"backend_calls\":%llu,\"calls_after_4\":%llu,\"creates_after_4\":%llu,"
                     "\"driver_us_per_iter_after_4\":%.1f,\"ns_per_op\":%.1f,\"s1\":%llu,\"s2\":%llu,\"s3\":%llu,"
-                    "\"s4\":%llu,\"s5\":%llu,\"cached_stitch_hits\":%llu,\"stitched_blocks\":%llu,\"evictions\":%llu,"
+                    "\"s4\":%llu,\"s5\":%llu,\"cached_stitch_hits\":%llu,\"cached_stitch_repairs\":%llu,\"stitched_blocks\":%llu,\"evictions\":%llu,"
                     "\"chunk_bytes\":%zu,\"iters_after_4\":%llu,\"at_peak\":{\"live\":%llu,\"requested\":%zu,\"active\":%zu,"
                     "\"small_reserved\":%zu,\"small_free\":%zu,\"large_reserved\":%zu,\"large_free_whole\":%zu,"
                     "\"large_free_partial\":%zu,\"free_pending\":%zu,\"cached_stitches\":%zu,\"cached_stitch_bytes\":%zu}}\n",
@@ -491,8 +494,8 @@ int main(int argc, char** argv) {
                     (unsigned long long)o.calls_after_4, (unsigned long long)o.creates_after_4,
                     o.driver_us_per_iter_after_4, o.ns_per_op, (unsigned long long)o.fit[0],
                     (unsigned long long)o.fit[1], (unsigned long long)o.fit[2], (unsigned long long)o.fit[3],
-                    (unsigned long long)o.fit[4], (unsigned long long)o.cached_hits, (unsigned long long)o.stitches,
-                    (unsigned long long)o.evictions, o.chunk, (unsigned long long)o.iters_after_4,
+                    (unsigned long long)o.fit[4], (unsigned long long)o.cached_hits, (unsigned long long)o.repairs,
+                    (unsigned long long)o.stitches, (unsigned long long)o.evictions, o.chunk, (unsigned long long)o.iters_after_4,
                     (unsigned long long)o.live_at_peak, b.requested, b.active, b.small_reserved, b.small_free,
                     b.large_reserved, b.large_free_whole, b.large_free_partial, b.free_pending, b.cached_stitches,
                     b.cached_stitch_bytes);

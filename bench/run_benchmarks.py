@@ -192,8 +192,10 @@ def main():
     # The GPU replay measured on the H200 (bench/results/README.md).
     gpu = os.path.join(ROOT, "bench", "results", "h200-replay.jsonl")
     if os.path.exists(gpu):
+        before = os.path.join(ROOT, "bench", "results", "h200-replay-norepair.jsonl")
+        extra = ["--before", before] if os.path.exists(before) else []
         subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_table.py"), gpu, "--into",
-                        os.path.join(a.out, "benchmarks.md")], check=True)
+                        os.path.join(a.out, "benchmarks.md")] + extra, check=True)
     print(f"wrote {os.path.join(a.out, 'benchmarks.md')}", file=sys.stderr)
 
 

@@ -285,6 +285,71 @@ TEST_CASE("cached stitched block reuse: no new mappings") {
   gmlake_test::check_released(a);
 }
 
+TEST_CASE("a cached stitched block whose chunk was taken is repaired: only that chunk is mapped anew") {
+  gmlake::gmlake_allocator<counted_memfd> a(counted_memfd(cap, C), opts(), one_slot());
+  using A = decltype(a);
+  four<A> f(a);
+  void* spare = a.allocate(2 * C);  // after D
+  void* x = a.allocate(4 * C);      // A and C stitched
+  a.deallocate(x);                  // cached
+  void* taken = a.allocate(C);      // one chunk of A or C: the block cannot be claimed whole
+  CHECK((taken == f.p[0] || taken == f.p[2]));
+  fill(taken, C, 40);
+  a.deallocate(spare);              // free chunks of the same bytes elsewhere
+  const auto& n = a.backend().counts();
+  const auto maps = n.calls_of(call::map), unmaps = n.calls_of(call::unmap), reserves = n.calls_of(call::reserve);
+  const auto s0 = a.stats();
+  void* y = a.allocate(4 * C);
+  const auto s1 = a.stats();
+  CHECK(y == x);  // the same block, its reservation kept
+  CHECK(s1.cached_stitch_hits == s0.cached_stitch_hits + 1);
+  CHECK(s1.cached_stitch_repairs == s0.cached_stitch_repairs + 1);
+  CHECK(fit(s1, fit_state::s1_exact) == fit(s0, fit_state::s1_exact) + 1);
+  CHECK(n.calls_of(call::unmap) == unmaps + 1);    // the taken chunk out
+  CHECK(n.calls_of(call::map) == maps + 1);        // one chunk of the spare in
+  CHECK(n.calls_of(call::reserve) == reserves);    // no new reservation
+  CHECK(s1.reserved_bytes.current == s0.reserved_bytes.current);
+  CHECK(a.check_invariants());
+  // The block's bytes are its own: writing them leaves the taken chunk's data alone,
+  // and they land in the spare's chunk.
+  fill(y, 4 * C, 41);
+  CHECK(holds(y, 4 * C, 41));
+  CHECK(holds(taken, C, 40));
+  const auto* sp = static_cast<const unsigned char*>(spare);
+  const auto* yb = static_cast<const unsigned char*>(y);
+  bool in_spare = false;
+  for (std::size_t at = 0; at < 4 * C && !in_spare; at += C)
+    in_spare = std::memcmp(yb + at, sp, C) == 0 || std::memcmp(yb + at, sp + C, C) == 0;
+  CHECK(in_spare);
+  a.deallocate(y);
+  a.deallocate(taken);
+  CHECK(a.check_invariants());
+  a.deallocate(f.p[1]);
+  a.deallocate(f.p[3]);
+  gmlake_test::check_released(a);
+}
+
+TEST_CASE("repair off: a cached stitched block with a taken chunk is not used") {
+  gmlake::options o = opts();
+  o.repair_chunks = 0;
+  gmlake::gmlake_allocator<counted_memfd> a(counted_memfd(cap, C), o, one_slot());
+  using A = decltype(a);
+  four<A> f(a);
+  void* spare = a.allocate(2 * C);
+  void* x = a.allocate(4 * C);
+  a.deallocate(x);
+  void* taken = a.allocate(C);
+  a.deallocate(spare);
+  void* y = a.allocate(4 * C);
+  CHECK(y != x);
+  CHECK(a.stats().cached_stitch_repairs == 0);
+  a.deallocate(y);
+  a.deallocate(taken);
+  a.deallocate(f.p[1]);
+  a.deallocate(f.p[3]);
+  gmlake_test::check_released(a);
+}
+
 TEST_CASE("a cached stitched block costs no new reservation until released") {
   gmlake::gmlake_allocator<counted_memfd> a(counted_memfd(cap, C), opts(), one_slot());
   using A = decltype(a);

@@ -171,12 +171,18 @@ void scenario(driver& d) {
   d.alloc(2, 10 * kib, 1);
   // A B C D of two chunks each; A and C freed: 4 chunks free, none adjacent.
   for (int i = 10; i < 14; ++i) d.alloc(i, 2 * C);
+  d.alloc(19, 2 * C);  // X, after D
   d.free(10);
   d.free(12);
   d.alloc(20, 4 * C);  // S3: A and C stitched
   d.free(20);          // cached
   d.alloc(21, 4 * C);  // S1 on the cache
   d.free(21);
+  d.alloc(24, C);      // takes part of A or C: the cached block cannot be claimed whole
+  d.free(19);          // X: free chunks of the same bytes elsewhere
+  d.alloc(25, 4 * C);  // S1 on the cache, repaired: X's chunk in place of the taken one
+  d.free(25);
+  d.free(24);
   // E F G H; E and G freed; a second stitch pushes the first out of the cache (LRU).
   for (int i = 14; i < 18; ++i) d.alloc(i, 2 * C);
   d.free(14);
@@ -360,6 +366,7 @@ TEST_CASE("faults: the scenario covers every path it claims to") {
   CHECK(fit(gmlake::fit_state::s3_stitch) > 0);
   CHECK(fit(gmlake::fit_state::s4_shortfall) > 0);
   CHECK(s.cached_stitch_hits > 0);
+  CHECK(s.cached_stitch_repairs > 0);
   CHECK(s.evictions > 0);
   CHECK(s.calls[static_cast<std::size_t>(call::record)] > 0);
   CHECK(o.reported == 0);
@@ -373,7 +380,7 @@ TEST_CASE("faults: every backend call of the scenario fails once, in turn") { sw
 TEST_CASE("faults: from every call on, every call of its kind fails (sticky)") { sweep(true); }
 
 TEST_CASE("faults: every call fails and then the undo after it fails too (two failures in one operation)") {
-  for (fault then : {fault::unmap, fault::release, fault::address_free}) sweep_twice(then);
+  for (fault then : {fault::unmap, fault::release, fault::address_free, fault::map}) sweep_twice(then);
 }
 
 TEST_CASE("faults: the fault injector counts, fails the n-th call, forwards the rest") {

@@ -9,7 +9,8 @@
 //  - requests are placed at 512-byte granularity; requests of at most
 //    options::small_max bytes go to the small arena, which packs them into chunks;
 //    larger ones to the large arena, where stitching happens;
-//  - BestFit: S1 exact free range or cached stitched block, S2 split a larger one,
+//  - BestFit: S1 exact free range or cached stitched block (repaired if a few of its
+//    chunks were taken since), S2 split a larger one,
 //    S3 stitch free pieces, S4 create only the shortfall (or a new segment when the
 //    stitch policy says so), S5 release the cache, retry, then fail;
 //  - failure leaves the state as before the call; nothing is leaked: an undo that
@@ -62,6 +63,9 @@ struct options {
   std::size_t chunk_size = 0;                    ///< the smallest chunk (arena slot); 0: the backend's granularity
   std::size_t va_factor = 2;                     ///< each arena reserves va_factor x capacity of VA
   std::size_t cached_scan = 8;                   ///< cached stitched blocks tried per request
+  /// Chunks of a cached stitched block that may be replaced so that it serves a
+  /// request (its other chunks free); 0: never. At most 8.
+  std::size_t repair_chunks = 4;
   /// Called on misuse (double or foreign free) with a message, after the allocator's
   /// lock is released (the hook may call the allocator); nullptr: abort with the
   /// message when GMLAKE_DEBUG >= 1, ignore otherwise.
@@ -362,6 +366,12 @@ class basic_allocator {
       if (stitch_block* b = pool_.reuse(size, requested, s, opt_.cached_scan, alignment)) {  // S1 on the cache
         on_allocated(requested, size, fit_state::s1_exact);
         ++stats_.cached_stitch_hits;
+        return reinterpret_cast<void*>(b->pointer);
+      }
+      if (stitch_block* b = pool_.repair(size, requested, s, opt_.cached_scan, alignment, opt_.repair_chunks)) {
+        on_allocated(requested, size, fit_state::s1_exact);  // S1 on the cache, repaired
+        ++stats_.cached_stitch_hits;
+        ++stats_.cached_stitch_repairs;
         return reinterpret_cast<void*>(b->pointer);
       }
       stitch_planner plan(slot_, stitch_.edge_min(), large_.ends(), chunk_start);

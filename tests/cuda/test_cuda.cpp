@@ -173,6 +173,49 @@ TEST_CASE("a kernel writes through a stitched block; every chunk holds its part"
   gmlake_test::check_released(a);
 }
 
+TEST_CASE("a cached stitched block with a taken chunk is repaired: a kernel writes through it") {
+  const std::size_t C = device_granularity();
+  gmlake::allocator<cuda_vmm> a(cuda_vmm(0, 64 * C), test_options());
+  void* x1 = a.allocate(C);
+  void* y1 = a.allocate(C);
+  void* x2 = a.allocate(C);
+  void* y2 = a.allocate(C);
+  void* spare = a.allocate(C);
+  a.deallocate(x1, C);
+  a.deallocate(x2, C);
+  void* s = a.allocate(2 * C);  // x1 and x2 stitched
+  a.deallocate(s, 2 * C);       // cached
+  void* taken = a.allocate(C);  // one of them again: the block cannot be claimed whole
+  CHECK((taken == x1 || taken == x2));
+  REQUIRE(gmlake_gpu::fill(taken, C, 5, nullptr) == cudaSuccess);
+  a.deallocate(spare, C);       // a free chunk of the same bytes elsewhere
+  const auto before = a.stats();
+  void* again = a.allocate(2 * C);
+  const auto after = a.stats();
+  CHECK(again == s);
+  CHECK(after.cached_stitch_repairs == before.cached_stitch_repairs + 1);
+  const auto calls = [&](const gmlake::statistics& st, gmlake::call c) { return st.calls[static_cast<std::size_t>(c)]; };
+  CHECK(calls(after, gmlake::call::unmap) == calls(before, gmlake::call::unmap) + 1);
+  CHECK(calls(after, gmlake::call::map) == calls(before, gmlake::call::map) + 1);
+  CHECK(calls(after, gmlake::call::reserve) == calls(before, gmlake::call::reserve));
+  CHECK(after.reserved_bytes.current == before.reserved_bytes.current);
+  REQUIRE(gmlake_gpu::fill(again, 2 * C, 43, nullptr) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(gmlake_gpu::mismatches(again, 2 * C, 43, nullptr) == 0);
+  CHECK(gmlake_gpu::mismatches(taken, C, 5, nullptr) == 0);  // the taken chunk is untouched
+  // One half of the block is the spare's chunk, read through the chunk's own mapping.
+  std::vector<unsigned char> half0(C), half1(C), sp(C);
+  REQUIRE(cudaMemcpy(half0.data(), again, C, cudaMemcpyDeviceToHost) == cudaSuccess);
+  REQUIRE(cudaMemcpy(half1.data(), static_cast<char*>(again) + C, C, cudaMemcpyDeviceToHost) == cudaSuccess);
+  REQUIRE(cudaMemcpy(sp.data(), spare, C, cudaMemcpyDeviceToHost) == cudaSuccess);
+  CHECK((half0 == sp || half1 == sp));
+  a.deallocate(again, 2 * C);
+  a.deallocate(taken, C);
+  a.deallocate(y1, C);
+  a.deallocate(y2, C);
+  gmlake_test::check_released(a);
+}
+
 TEST_CASE("stream order: memory freed under a running kernel is not handed to another stream") {
   const std::size_t C = device_granularity();
   stream_pair st;

@@ -48,6 +48,10 @@ struct stitch_block : bi::set_base_hook<bi::tag<by_pointer_tag>, link_mode>,
   /// none), and whether the reservation is still to be freed.
   std::size_t pending_unmap = 0;
   bool pending_free = false;
+  /// Quarantined after a failed repair: bytes [hole_at, hole_at + hole_bytes) from
+  /// va are not mapped (the unmap leaves them out).
+  std::size_t hole_at = 0;
+  std::size_t hole_bytes = 0;
   std::uint64_t last_use = 0;
 };
 

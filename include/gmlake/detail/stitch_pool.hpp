@@ -9,6 +9,11 @@
 // chunks of the large arena again; the pool adds its mappings to the slots'
 // `stitch_refs`, so those chunks are not released while it stands.
 //
+// A cached block whose pieces were partly taken since can be repaired instead of
+// stitched anew: each chunk under its prefix that is no longer free is unmapped
+// from it and free chunks of the same bytes are mapped in its place, so that only
+// those chunks cost driver calls (repair()).
+//
 // A block whose unmap or address free fails (in a rollback, or when it is given
 // up on) is not forgotten: it goes to a quarantine list, its pieces' chunks stay
 // pinned while it may still map them, and retry_quarantine() (on the next
@@ -20,6 +25,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
+#include <array>
 #include <iterator>
 #include <new>
 #include <span>
@@ -58,7 +65,17 @@ class stitch_pool {
     for (auto it = quarantine_.begin(); it != quarantine_.end();) {
       stitch_block& b = *it++;
       if (b.pending_unmap != 0) {
-        if (retry([&] { return backend_.unmap(b.va, b.pending_unmap); }, attempts) != errc::ok) {
+        if (b.hole_at != 0) {  // the mapped bytes before the hole first
+          if (retry([&] { return backend_.unmap(b.va, b.hole_at); }, attempts) != errc::ok) {
+            ++held_.failed_cleanups;
+            continue;
+          }
+          b.hole_bytes += b.hole_at;
+          b.hole_at = 0;
+        }
+        const std::size_t after = b.hole_bytes;
+        if (after < b.pending_unmap &&
+            retry([&] { return backend_.unmap(b.va + after, b.pending_unmap - after); }, attempts) != errc::ok) {
           ++held_.failed_cleanups;
           continue;
         }
@@ -198,6 +215,69 @@ class stitch_pool {
     return nullptr;
   }
 
+  /// S1 on the cache, repaired: of the `scan` smallest cached blocks of at least
+  /// `size` bytes (pointer aligned to `alignment`), the one whose first `size`
+  /// bytes can be claimed on stream s once the fewest chunks (at most `max_chunks`)
+  /// are replaced: chunks taken by other requests since it was cached, or pending on
+  /// another stream. Each is unmapped from the block and free whole chunks of the
+  /// same bytes, found outside the block, are mapped in its place (unmap, map and
+  /// set access over that chunk's bytes only: a fraction of stitching anew). Then
+  /// the block is claimed. Returns it, or nullptr; a replacement that fails is
+  /// undone (the block stays cached), or, if the undo fails too, the block is
+  /// quarantined.
+  [[nodiscard]] stitch_block* repair(std::size_t size, std::size_t requested, std::uint32_t s, std::size_t scan,
+                                     std::size_t alignment, std::size_t max_chunks) noexcept {
+    if (hold_) return nullptr;  // no unmap while capturing
+    max_chunks = std::min(max_chunks, repair_max);
+    repair_plan best, cur;
+    stitch_block* chosen = nullptr;
+    auto it = cache_.lower_bound(size, stitch_capacity_less{});
+    for (std::size_t n = 0; it != cache_.end() && n < scan; ++it, ++n) {
+      stitch_block& b = *it;
+      if (b.pointer % alignment != 0) continue;
+      const std::size_t k = blocked_in(b, size, s, max_chunks, cur);
+      if (k == 0 || (chosen != nullptr && k >= best.count) || !find_replacements(b, s, cur)) continue;
+      chosen = &b;
+      best = cur;
+    }
+    if (chosen == nullptr) return nullptr;
+    stitch_block& b = *chosen;
+    std::vector<stitch_piece> pieces;
+    try {
+      const std::size_t most = b.pieces.size() + best.count * (repair_fresh_max + 1);
+      pieces.reserve(most);
+      b.claimed.reserve(most);
+    } catch (...) {
+      return nullptr;
+    }
+    if (!streams_.wait(b.tag)) return nullptr;  // work on its old mappings may be pending
+    std::size_t done = 0;
+    swap_result r = swap_result::done;
+    for (; done < best.count; ++done)
+      if ((r = replace(b, best.chunks[done])) != swap_result::done) break;
+    // The pieces with each replaced chunk's bytes taken from its replacements; a
+    // chunk left unmapped by a failed undo (broken) is left out.
+    const std::size_t applied = done + (r == swap_result::broken ? 1 : 0);
+    relay(b, std::span(best.chunks.data(), applied), pieces);
+    b.pieces.swap(pieces);
+    b.claimed.assign(b.pieces.size(), nullptr);  // within the reserved capacity
+    if (r == swap_result::broken || r == swap_result::no_access) {
+      uncache(b);
+      by_pointer_.erase(by_pointer_.iterator_to(b));
+      held_.stitched.sub(1);
+      held_.mapped.sub(static_cast<std::int64_t>(b.mapped));
+      b.pending_unmap = b.mapped;
+      b.pending_free = true;
+      keep(b);
+      return nullptr;
+    }
+    if (done < best.count) return nullptr;  // undone: still cached, sound
+    ++repairs_;
+    return claim(b, size, requested, s) ? &b : nullptr;
+  }
+  /// Blocks served after repair().
+  [[nodiscard]] std::uint64_t repairs() const noexcept { return repairs_; }
+
   /// Gives b's arena ranges back (freed on the stream of `tag`) and caches b.
   void release(stitch_block& b, stream_tag tag) noexcept {
     for (std::size_t i = 0; i < b.claimed_count; ++i) large_.release(*b.claimed[i], tag);
@@ -291,6 +371,154 @@ class stitch_pool {
   }
 
  private:
+  static constexpr std::size_t repair_max = 8;        // chunks replaced per repair at most
+  static constexpr std::size_t repair_fresh_max = 4;  // free chunks that replace one at most
+  static constexpr std::size_t repair_candidates = 64;
+
+  /// A chunk of a block to replace: at arena address `old`, mapped at `va`, under
+  /// piece `piece`; `fresh`: the free chunks that replace it, in order.
+  struct swap {
+    std::uintptr_t old = 0, va = 0;
+    std::size_t bytes = 0, piece = 0;
+    std::array<stitch_piece, repair_fresh_max> fresh{};
+    std::size_t fresh_count = 0;
+  };
+  struct repair_plan {
+    std::array<swap, repair_max> chunks{};
+    std::size_t count = 0;
+  };
+  enum class swap_result { done, undone, no_access, broken };
+
+  /// Collects the chunks under b's first `size` bytes that cannot be claimed on
+  /// stream s, in stitched order. Returns how many: 0 also when there are none or
+  /// more than `max`.
+  std::size_t blocked_in(const stitch_block& b, std::size_t size, std::uint32_t s, std::size_t max,
+                         repair_plan& out) noexcept {
+    std::size_t left = size, va = b.va;
+    out.count = 0;
+    bool over = false;
+    for (std::size_t i = 0; i < b.pieces.size() && left > 0 && !over; ++i) {
+      const stitch_piece& p = b.pieces[i];
+      const std::size_t len = std::min(left, p.size);
+      large_.for_each_chunk(p.addr, p.addr + len, [&](std::uintptr_t c, std::size_t bytes, const auto&) {
+        const std::uintptr_t lo = std::max(c, p.addr), hi = std::min(c + bytes, p.addr + len);
+        const range& r = large_.holding(lo);
+        if (over || (r.is_free() && r.end() >= hi && streams_.usable(r.tag, s))) return;
+        if (out.count == max) {
+          over = true;
+          return;
+        }
+        out.chunks[out.count++] = swap{c, va + (c - large_.chunk_floor(p.addr)), bytes, i, {}, 0};
+      });
+      va += span_bytes(p);
+      left -= len;
+    }
+    return over || left > 0 ? 0 : out.count;
+  }
+
+  /// Finds, for each chunk of `plan`, free whole chunks usable on stream s and
+  /// outside b whose bytes add up to its bytes (one of the same bytes if there is
+  /// one, else the largest that fit), each used once. False if one has none.
+  bool find_replacements(const stitch_block& b, std::uint32_t s, repair_plan& plan) noexcept {
+    std::array<stitch_piece, repair_candidates> free{};
+    std::array<bool, repair_candidates> taken{};
+    std::size_t n = 0;
+    const auto in_b = [&](std::uintptr_t c) {
+      for (const auto& p : b.pieces)
+        if (c >= large_.chunk_floor(p.addr) && c < large_.chunk_end(p.end() - 1)) return true;
+      return false;
+    };
+    large_.for_each_free_largest([&](const range& r) {
+      const auto sp = large_.split_of(r);
+      if (sp.whole == 0 || !streams_.usable(r.tag, s)) return true;
+      const std::uintptr_t lo = r.addr + sp.head;
+      large_.for_each_chunk(lo, lo + sp.whole, [&](std::uintptr_t c, std::size_t bytes, const auto&) {
+        if (n < free.size() && !in_b(c)) free[n++] = {c, bytes};
+      });
+      return n < free.size();
+    });
+    for (std::size_t k = 0; k < plan.count; ++k) {
+      swap& w = plan.chunks[k];
+      w.fresh_count = 0;
+      for (std::size_t left = w.bytes; left > 0;) {
+        std::size_t pick = n;
+        for (std::size_t i = 0; i < n; ++i) {
+          if (taken[i] || free[i].size > left) continue;
+          if (pick == n || free[i].size > free[pick].size) pick = i;
+          if (free[i].size == left) break;
+        }
+        if (pick == n || w.fresh_count == repair_fresh_max) return false;
+        taken[pick] = true;
+        w.fresh[w.fresh_count++] = free[pick];
+        left -= free[pick].size;
+      }
+    }
+    return true;
+  }
+
+  /// Maps w's replacements in b in place of its old chunk. done: replaced; undone:
+  /// b is as it was; no_access: b is as it was but the old chunk has no access set
+  /// (b can only be unmapped); broken: the old chunk is unmapped and w.fresh_count
+  /// says how many replacements stay mapped in its place (the rest is a hole).
+  swap_result replace(stitch_block& b, swap& w) noexcept {
+    if (backend_.unmap(w.va, w.bytes) != errc::ok) return swap_result::undone;
+    std::size_t mapped = 0, k = 0;
+    errc e = errc::ok;
+    for (; k < w.fresh_count && e == errc::ok; ++k)
+      if ((e = backend_.map(w.va + mapped, w.fresh[k].size, large_.chunk_of(w.fresh[k].addr))) == errc::ok)
+        mapped += w.fresh[k].size;
+    if (e == errc::ok) e = backend_.set_access(w.va, w.bytes);
+    if (e == errc::ok) {
+      large_.pin(w.old, w.old + w.bytes, -1);
+      for (std::size_t i = 0; i < w.fresh_count; ++i) large_.pin(w.fresh[i].addr, w.fresh[i].end(), 1);
+      return swap_result::done;
+    }
+    // Undo: the replacements out, the old chunk back.
+    if (mapped != 0 && backend_.unmap(w.va, mapped) != errc::ok) {
+      ++held_.failed_cleanups;
+      std::size_t i = 0;
+      for (std::size_t at = 0; at < mapped; at += w.fresh[i++].size) large_.pin(w.fresh[i].addr, w.fresh[i].end(), 1);
+      w.fresh_count = i;  // these stay mapped; the rest of the old chunk's bytes is a hole
+      return broken(b, w, mapped);
+    }
+    if (backend_.map(w.va, w.bytes, large_.chunk_of(w.old)) != errc::ok) {
+      w.fresh_count = 0;
+      return broken(b, w, 0);
+    }
+    return backend_.set_access(w.va, w.bytes) == errc::ok ? swap_result::undone : swap_result::no_access;
+  }
+  swap_result broken(stitch_block& b, const swap& w, std::size_t mapped) noexcept {
+    large_.pin(w.old, w.old + w.bytes, -1);
+    b.hole_at = w.va + mapped - b.va;
+    b.hole_bytes = w.bytes - mapped;
+    return swap_result::broken;
+  }
+
+  /// The pieces of b with each chunk of `swaps` (in stitched order) replaced: the
+  /// bytes of a piece under such a chunk come from its replacements at the same
+  /// offsets (bytes past the replacements, a hole, are left out). Into `out`, whose
+  /// capacity suffices.
+  void relay(const stitch_block& b, std::span<const swap> swaps, std::vector<stitch_piece>& out) const noexcept {
+    out.clear();
+    std::size_t j = 0;
+    for (std::size_t i = 0; i < b.pieces.size(); ++i) {
+      const stitch_piece& p = b.pieces[i];
+      std::uintptr_t at = p.addr;
+      for (; j < swaps.size() && swaps[j].piece == i; ++j) {
+        const swap& w = swaps[j];
+        const std::uintptr_t lo = std::max(w.old, p.addr), hi = std::min(w.old + w.bytes, p.end());
+        if (lo > at) out.push_back({at, lo - at});
+        std::size_t o = 0;  // offset of replacement k in the old chunk
+        for (std::size_t k = 0; k < w.fresh_count; o += w.fresh[k++].size) {
+          const std::size_t from = std::max(o, lo - w.old), to = std::min(o + w.fresh[k].size, hi - w.old);
+          if (to > from) out.push_back({w.fresh[k].addr + (from - o), to - from});
+        }
+        at = hi;
+      }
+      if (at < p.end()) out.push_back({at, p.end() - at});
+    }
+  }
+
   /// Bytes of the chunks that hold piece p (what a stitch maps for it).
   [[nodiscard]] std::size_t span_bytes(const stitch_piece& p) const noexcept {
     return large_.chunk_end(p.end() - 1) - large_.chunk_floor(p.addr);
@@ -385,6 +613,7 @@ class stitch_pool {
   stitch_lru quarantine_;  // blocks given up on whose undo failed (the LRU hook is free in them)
   std::size_t cached_bytes_ = 0;
   std::uint64_t clock_ = 0;
+  std::uint64_t repairs_ = 0;
   bool hold_ = false;
 };
 
