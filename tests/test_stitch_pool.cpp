@@ -171,3 +171,118 @@ TEST_CASE("stitch pool: check() finds a stitch reference count that does not mat
   CHECK(b.pool.check(live));
   b.pool.release(*x, b.streams.on_free(0));
 }
+
+namespace {
+
+/// A cached block over chunks 0 and 2 (its first piece from `head` bytes into chunk
+/// 0), whose chunk 0 is then partly taken (one slot at `taken`); chunks 1 and 3-7
+/// taken too unless `spare_k`, in which case they stay free.
+struct taken_block {
+  bench& b;
+  detail::stitch_block* x = nullptr;
+  std::vector<detail::range*> used;
+  taken_block(bench& bb, std::size_t head, std::uintptr_t taken, bool spare_k) : b(bb) {
+    const detail::stitch_piece pieces[] = {{b.base + head, K - head}, {b.base + 2 * K, K}};
+    x = b.pool.build(pieces);
+    REQUIRE(x != nullptr);
+    REQUIRE(b.pool.claim(*x, 2 * K - head, 2 * K - head, 0));
+    b.pool.release(*x, b.streams.on_free(0));
+    take(taken, S);
+    if (!spare_k)
+      for (std::size_t i : {1, 3, 4, 5, 6, 7}) take(b.base + i * K, K);
+  }
+  void take(std::uintptr_t at, std::size_t n) {
+    REQUIRE(b.nodes.reserve(2));
+    used.push_back(&b.large.carve(b.large.holding(at), at, n));
+  }
+  /// Four more chunks of one slot each: free, after chunk 7.
+  std::uintptr_t grow_slots() {
+    REQUIRE(b.nodes.reserve(2));
+    std::uintptr_t fresh = 0;
+    REQUIRE(b.large.grow(4 * S, 0, fresh, gmlake::growth_plan{0, S, 0, 0}));
+    return fresh;
+  }
+  void give_back() {
+    for (auto* r : used) b.large.release(*r, b.streams.on_free(0));
+  }
+};
+
+std::uint64_t calls(bench& b, call c) { return b.backend.counts().calls_of(c); }
+
+} // namespace
+
+TEST_CASE("stitch pool: repair replaces a taken chunk by a free one of the same bytes, then claims") {
+  bench b;
+  taken_block t(b, 0, b.base + S, true);
+  detail::stitch_block* x = t.x;
+  CHECK(b.pool.reuse(2 * K, 2 * K, 0, 8) == nullptr);  // chunk 0 is partly used
+  const auto maps = calls(b, call::map), unmaps = calls(b, call::unmap), access = calls(b, call::set_access);
+  const std::uintptr_t pointer = x->pointer;
+  CHECK(b.pool.repair(2 * K, 2 * K, 0, 8, 512, 4) == x);
+  CHECK(x->in_use);
+  CHECK(x->pointer == pointer);
+  CHECK(b.pool.repairs() == 1);
+  CHECK(calls(b, call::unmap) == unmaps + 1);
+  CHECK(calls(b, call::map) == maps + 1);
+  CHECK(calls(b, call::set_access) == access + 1);
+  REQUIRE(x->pieces.size() == 2);
+  CHECK(x->pieces[0].addr != b.base);  // a free chunk of K elsewhere
+  CHECK(x->pieces[0].size == K);
+  CHECK(x->pieces[1].addr == b.base + 2 * K);
+  CHECK(b.large.slot_of(b.base).stitch_refs == 0);
+  CHECK(b.large.slot_of(x->pieces[0].addr).stitch_refs == 1);
+  CHECK(b.sound());
+  b.pool.release(*x, b.streams.on_free(0));
+  t.give_back();
+  CHECK(b.sound());
+}
+
+TEST_CASE("stitch pool: repair by several smaller chunks; not at a piece's edge") {
+  bench b;
+  SUBCASE("a whole chunk inside its piece: four chunks of one slot replace it") {
+    taken_block t(b, 0, b.base + S, false);
+    const std::uintptr_t fresh = t.grow_slots();
+    const auto maps = calls(b, call::map);
+    REQUIRE(b.pool.repair(2 * K, 2 * K, 0, 8, 512, 4) == t.x);
+    CHECK(calls(b, call::map) == maps + 4);
+    REQUIRE(t.x->pieces.size() == 5);
+    for (std::size_t i = 0; i < 4; ++i) {
+      CHECK(t.x->pieces[i].size == S);
+      CHECK(b.large.slot_of(t.x->pieces[i].addr).stitch_refs == 1);
+      CHECK((t.x->pieces[i].addr >= fresh && t.x->pieces[i].addr < fresh + 4 * S));
+    }
+    CHECK(b.sound());
+    b.pool.release(*t.x, b.streams.on_free(0));
+    t.give_back();
+  }
+  SUBCASE("a chunk at the first piece's start (the block opens inside it): only one of the same bytes would do") {
+    taken_block t(b, S, b.base + 2 * S, false);
+    (void)t.grow_slots();
+    const auto maps = calls(b, call::map), unmaps = calls(b, call::unmap);
+    CHECK(b.pool.repair(2 * K - S, 2 * K - S, 0, 8, 512, 4) == nullptr);
+    CHECK(calls(b, call::map) == maps);
+    CHECK(calls(b, call::unmap) == unmaps);
+    CHECK(t.x->cached);
+    CHECK(b.sound());
+    t.give_back();
+  }
+  SUBCASE("the same, with a free chunk of the same bytes: the head's offset is kept") {
+    taken_block t(b, S, b.base + 2 * S, true);
+    const std::uintptr_t pointer = t.x->pointer;
+    REQUIRE(b.pool.repair(2 * K - S, 2 * K - S, 0, 8, 512, 4) == t.x);
+    CHECK(t.x->pointer == pointer);
+    CHECK(b.large.chunk_floor(t.x->pieces[0].addr) + S == t.x->pieces[0].addr);
+    CHECK(b.sound());
+    b.pool.release(*t.x, b.streams.on_free(0));
+    t.give_back();
+  }
+  SUBCASE("more chunks taken than allowed: nothing changes") {
+    taken_block t(b, 0, b.base + S, true);
+    t.take(b.base + 2 * K, S);
+    CHECK(b.pool.repair(2 * K, 2 * K, 0, 8, 512, 1) == nullptr);
+    CHECK(b.pool.repair(2 * K, 2 * K, 0, 8, 512, 2) == t.x);
+    b.pool.release(*t.x, b.streams.on_free(0));
+    t.give_back();
+  }
+  CHECK(b.sound());
+}

@@ -376,10 +376,12 @@ class stitch_pool {
   static constexpr std::size_t repair_candidates = 64;
 
   /// A chunk of a block to replace: at arena address `old`, mapped at `va`, under
-  /// piece `piece`; `fresh`: the free chunks that replace it, in order.
+  /// piece `piece` (`edge`: only partly, at the piece's start or end); `fresh`: the
+  /// free chunks that replace it, in order.
   struct swap {
     std::uintptr_t old = 0, va = 0;
     std::size_t bytes = 0, piece = 0;
+    bool edge = false;
     std::array<stitch_piece, repair_fresh_max> fresh{};
     std::size_t fresh_count = 0;
   };
@@ -408,7 +410,8 @@ class stitch_pool {
           over = true;
           return;
         }
-        out.chunks[out.count++] = swap{c, va + (c - large_.chunk_floor(p.addr)), bytes, i, {}, 0};
+        const bool edge = c < p.addr || c + bytes > p.end();
+        out.chunks[out.count++] = swap{c, va + (c - large_.chunk_floor(p.addr)), bytes, i, edge, {}, 0};
       });
       va += span_bytes(p);
       left -= len;
@@ -418,7 +421,9 @@ class stitch_pool {
 
   /// Finds, for each chunk of `plan`, free whole chunks usable on stream s and
   /// outside b whose bytes add up to its bytes (one of the same bytes if there is
-  /// one, else the largest that fit), each used once. False if one has none.
+  /// one, else the largest that fit), each used once. A chunk at a piece's edge gets
+  /// one of the same bytes only: the piece then covers every chunk that replaces it,
+  /// so the pieces still tile the reservation. False if one has none.
   bool find_replacements(const stitch_block& b, std::uint32_t s, repair_plan& plan) noexcept {
     std::array<stitch_piece, repair_candidates> free{};
     std::array<bool, repair_candidates> taken{};
@@ -447,7 +452,7 @@ class stitch_pool {
           if (pick == n || free[i].size > free[pick].size) pick = i;
           if (free[i].size == left) break;
         }
-        if (pick == n || w.fresh_count == repair_fresh_max) return false;
+        if (pick == n || w.fresh_count == repair_fresh_max || (w.edge && free[pick].size != w.bytes)) return false;
         taken[pick] = true;
         w.fresh[w.fresh_count++] = free[pick];
         left -= free[pick].size;
