@@ -329,6 +329,29 @@ TEST_CASE("a cached stitched block whose chunk was taken is repaired: only that 
   gmlake_test::check_released(a);
 }
 
+TEST_CASE("repair never waits: a cached block whose free's work is pending is stitched anew instead") {
+  gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), opts(), one_slot());
+  using A = decltype(a);
+  four<A> f(a);
+  void* spare = a.allocate(2 * C);
+  void* x = a.allocate(4 * C);
+  a.backend().set_auto_complete(false);
+  a.deallocate(x);  // its kernels may still run: the free's work is pending
+  void* taken = a.allocate(C);
+  a.deallocate(spare);
+  void* y = a.allocate(4 * C);
+  CHECK(y != nullptr);
+  CHECK(y != x);  // not repaired: that would remap under pending work
+  CHECK(a.stats().cached_stitch_repairs == 0);
+  CHECK(a.backend().pending(gmlake::host_stream{0}));  // and nothing waited for it
+  a.backend().complete(gmlake::host_stream{0});
+  a.deallocate(y);
+  a.deallocate(taken);
+  a.deallocate(f.p[1]);
+  a.deallocate(f.p[3]);
+  gmlake_test::check_released(a);
+}
+
 TEST_CASE("repair off: a cached stitched block with a taken chunk is not used") {
   gmlake::options o = opts();
   o.repair_chunks = 0;

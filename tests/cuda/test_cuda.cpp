@@ -189,6 +189,7 @@ TEST_CASE("a cached stitched block with a taken chunk is repaired: a kernel writ
   CHECK((taken == x1 || taken == x2));
   REQUIRE(gmlake_gpu::fill(taken, C, 5, nullptr) == cudaSuccess);
   a.deallocate(spare, C);       // a free chunk of the same bytes elsewhere
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);  // the work before the block's free is done
   const auto before = a.stats();
   void* again = a.allocate(2 * C);
   const auto after = a.stats();

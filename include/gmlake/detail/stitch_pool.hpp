@@ -216,13 +216,14 @@ class stitch_pool {
   }
 
   /// S1 on the cache, repaired: of the `scan` smallest cached blocks of at least
-  /// `size` bytes (pointer aligned to `alignment`), the one whose first `size`
-  /// bytes can be claimed on stream s once the fewest chunks (at most `max_chunks`)
-  /// are replaced: chunks taken by other requests since it was cached, or pending on
-  /// another stream. Each is unmapped from the block and free whole chunks of the
-  /// same bytes, found outside the block, are mapped in its place (unmap, map and
-  /// set access over that chunk's bytes only: a fraction of stitching anew). Then
-  /// the block is claimed. Returns it, or nullptr; a replacement that fails is
+  /// `size` bytes (pointer aligned to `alignment`) whose work before their free is
+  /// done, the one whose first `size` bytes can be claimed on stream s once the
+  /// fewest chunks (at most `max_chunks`) are replaced: chunks taken by other
+  /// requests since it was cached, or pending on another stream. Each is unmapped
+  /// from the block and free whole chunks whose bytes add up to its bytes, found
+  /// outside the block, are mapped in its place (unmap, map and set access over
+  /// that chunk's bytes only: a fraction of stitching anew). Then the block is
+  /// claimed. Returns it, or nullptr; a replacement that fails is
   /// undone (the block stays cached), or, if the undo fails too, the block is
   /// quarantined.
   [[nodiscard]] stitch_block* repair(std::size_t size, std::size_t requested, std::uint32_t s, std::size_t scan,
@@ -236,7 +237,10 @@ class stitch_pool {
       stitch_block& b = *it;
       if (b.pointer % alignment != 0) continue;
       const std::size_t k = blocked_in(b, size, s, max_chunks, cur);
-      if (k == 0 || (chosen != nullptr && k >= best.count) || !find_replacements(b, s, cur)) continue;
+      if (k == 0 || (chosen != nullptr && k >= best.count)) continue;
+      // Its old mappings change now, not in stream order: only once the work
+      // before its free is done. Never waits for it (a stitch anew does not).
+      if (!streams_.done_now(b.tag) || !find_replacements(b, s, cur)) continue;
       chosen = &b;
       best = cur;
     }
@@ -250,7 +254,6 @@ class stitch_pool {
     } catch (...) {
       return nullptr;
     }
-    if (!streams_.wait(b.tag)) return nullptr;  // work on its old mappings may be pending
     std::size_t done = 0;
     swap_result r = swap_result::done;
     for (; done < best.count; ++done)
@@ -278,13 +281,16 @@ class stitch_pool {
   /// Blocks served after repair().
   [[nodiscard]] std::uint64_t repairs() const noexcept { return repairs_; }
 
-  /// Gives b's arena ranges back (freed on the stream of `tag`) and caches b.
+  /// Gives b's arena ranges back (freed on the stream of `tag`) and caches b, with
+  /// an event recorded after its free: repair() remaps a block only once that work
+  /// is done, and asks without waiting.
   void release(stitch_block& b, stream_tag tag) noexcept {
     for (std::size_t i = 0; i < b.claimed_count; ++i) large_.release(*b.claimed[i], tag);
     b.claimed_count = 0;
     b.in_use = false;
     b.tag = tag;
     cache(b);
+    streams_.mark(tag);
   }
 
   /// While held (capture mode), nothing is unmapped: blocks stay cached.

@@ -63,8 +63,12 @@ class stream_table {
 
   /// May a range tagged t be used on stream i now? Queries (and if needed records)
   /// an event on t's stream.
-  [[nodiscard]] bool usable(stream_tag t, std::uint32_t i) noexcept {
-    if (t.stream == i || known_done(t)) return true;
+  [[nodiscard]] bool usable(stream_tag t, std::uint32_t i) noexcept { return t.stream == i || done_now(t); }
+
+  /// Is the work before tag t's free done now? Queries (and if needed records) an
+  /// event on t's stream; never waits.
+  [[nodiscard]] bool done_now(stream_tag t) noexcept {
+    if (known_done(t)) return true;
     if (hold_) return false;
     entry& e = entries_[t.stream];
     if (!e.has_event || e.event_seq < t.seq) {
@@ -74,6 +78,15 @@ class stream_table {
     if (!done || !done.value) return false;
     complete(e);
     return true;
+  }
+
+  /// Records an event covering tag t's free now unless one does or it is known
+  /// done, so that a later done_now(t) finds it (a query right after a record
+  /// rarely finds the work done). A failure to record only loses that.
+  void mark(stream_tag t) noexcept {
+    if (hold_ || known_done(t)) return;
+    entry& e = entries_[t.stream];
+    if (!e.has_event || e.event_seq < t.seq) (void)record(e);
   }
 
   /// Waits until the work before tag t's free is done. False on a backend failure.
