@@ -96,6 +96,7 @@ class basic_allocator {
         small_(driver_, nodes_, streams_, held_, slot_),
         large_(driver_, nodes_, streams_, held_, slot_),
         pool_(driver_, large_, streams_, nodes_, held_) {
+    pool_.mark_frees(opt_.repair_chunks != 0);
     const std::size_t va = round_up(backend_.capacity(), slot_) * (opt_.va_factor ? opt_.va_factor : 1);
     if (errc e = small_.open(va); e != errc::ok) fail_open(e);
     if (errc e = large_.open(va); e != errc::ok) {

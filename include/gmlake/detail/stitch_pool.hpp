@@ -228,7 +228,7 @@ class stitch_pool {
   /// quarantined.
   [[nodiscard]] stitch_block* repair(std::size_t size, std::size_t requested, std::uint32_t s, std::size_t scan,
                                      std::size_t alignment, std::size_t max_chunks) noexcept {
-    if (hold_) return nullptr;  // no unmap while capturing
+    if (hold_ || max_chunks == 0) return nullptr;  // no unmap while capturing
     max_chunks = std::min(max_chunks, repair_max);
     repair_plan best, cur;
     stitch_block* chosen = nullptr;
@@ -275,8 +275,11 @@ class stitch_pool {
       return nullptr;
     }
     if (done < best.count) return nullptr;  // undone: still cached, sound
+    // Claimed, unless adjacent free ranges under one piece stay apart (freed on
+    // two streams, both with work pending): then it stays cached, repaired.
+    if (!claim(b, size, requested, s)) return nullptr;
     ++repairs_;
-    return claim(b, size, requested, s) ? &b : nullptr;
+    return &b;
   }
   /// Blocks served after repair().
   [[nodiscard]] std::uint64_t repairs() const noexcept { return repairs_; }
@@ -290,8 +293,10 @@ class stitch_pool {
     b.in_use = false;
     b.tag = tag;
     cache(b);
-    streams_.mark(tag);
+    if (mark_frees_) streams_.mark(tag);
   }
+  /// Whether release() marks the free for repair() (off: repair is off).
+  void mark_frees(bool on) noexcept { mark_frees_ = on; }
 
   /// While held (capture mode), nothing is unmapped: blocks stay cached.
   void set_hold(bool on) noexcept { hold_ = on; }
@@ -493,10 +498,13 @@ class stitch_pool {
       return broken(b, w, mapped);
     }
     if (backend_.map(w.va, w.bytes, large_.chunk_of(w.old)) != errc::ok) {
+      ++held_.failed_cleanups;
       w.fresh_count = 0;
       return broken(b, w, 0);
     }
-    return backend_.set_access(w.va, w.bytes) == errc::ok ? swap_result::undone : swap_result::no_access;
+    if (backend_.set_access(w.va, w.bytes) == errc::ok) return swap_result::undone;
+    ++held_.failed_cleanups;
+    return swap_result::no_access;
   }
   swap_result broken(stitch_block& b, const swap& w, std::size_t mapped) noexcept {
     large_.pin(w.old, w.old + w.bytes, -1);
@@ -625,6 +633,7 @@ class stitch_pool {
   std::size_t cached_bytes_ = 0;
   std::uint64_t clock_ = 0;
   std::uint64_t repairs_ = 0;
+  bool mark_frees_ = true;
   bool hold_ = false;
 };
 

@@ -4,7 +4,13 @@
 // at once on s (stream order), and on another stream once an event recorded on s
 // after that free has completed. Events are recorded lazily, only when another
 // stream asks, and one per stream at a time: a later event on s covers every
-// earlier free. A job with one stream never records an event.
+// earlier free. A job with one stream records none for that.
+//
+// The stitch pool remaps a cached stitched block only once the work before its
+// free is done, and never waits for it: it asks done_now(), which looks at a
+// second event per stream, the mark, recorded after a stitched block's free
+// (mark()) when none is outstanding, so that a later question finds the work
+// done. Marks do not replace the events other streams wait on.
 #pragma once
 
 #include <cstddef>
@@ -28,8 +34,10 @@ class stream_table {
   stream_table(const stream_table&) = delete;
   stream_table& operator=(const stream_table&) = delete;
   ~stream_table() {
-    for (auto& e : entries_)
+    for (auto& e : entries_) {
       if (e.has_event) backend_.destroy(e.event);
+      if (e.has_mark) backend_.destroy(e.mark);
+    }
   }
 
   /// The index of stream s, adding it if new. False only if memory ran out.
@@ -63,12 +71,8 @@ class stream_table {
 
   /// May a range tagged t be used on stream i now? Queries (and if needed records)
   /// an event on t's stream.
-  [[nodiscard]] bool usable(stream_tag t, std::uint32_t i) noexcept { return t.stream == i || done_now(t); }
-
-  /// Is the work before tag t's free done now? Queries (and if needed records) an
-  /// event on t's stream; never waits.
-  [[nodiscard]] bool done_now(stream_tag t) noexcept {
-    if (known_done(t)) return true;
+  [[nodiscard]] bool usable(stream_tag t, std::uint32_t i) noexcept {
+    if (t.stream == i || known_done(t)) return true;
     if (hold_) return false;
     entry& e = entries_[t.stream];
     if (!e.has_event || e.event_seq < t.seq) {
@@ -80,13 +84,36 @@ class stream_table {
     return true;
   }
 
-  /// Records an event covering tag t's free now unless one does or it is known
-  /// done, so that a later done_now(t) finds it (a query right after a record
-  /// rarely finds the work done). A failure to record only loses that.
+  /// Records the mark of t's stream after tag t's free, unless t is known done or
+  /// a mark is outstanding (one that has completed is retired first). A failure to
+  /// record only loses the mark.
   void mark(stream_tag t) noexcept {
     if (hold_ || known_done(t)) return;
     entry& e = entries_[t.stream];
-    if (!e.has_event || e.event_seq < t.seq) (void)record(e);
+    if (e.has_mark && !retire_mark(e)) return;
+    auto ev = backend_.record(e.stream);
+    if (!ev) return;
+    e.mark = ev.value;
+    e.mark_seq = e.freed;
+    e.has_mark = true;
+  }
+
+  /// Is the work before tag t's free known done now? Queries the events already
+  /// recorded on t's stream (the pending one if it covers t, the mark); never
+  /// records one that the caller would wait on, never waits. If the answer is no
+  /// and no mark covers t, records one for the next question.
+  [[nodiscard]] bool done_now(stream_tag t) noexcept {
+    if (known_done(t)) return true;
+    if (hold_) return false;
+    entry& e = entries_[t.stream];
+    if (e.has_event && e.event_seq >= t.seq) {
+      auto done = backend_.query(e.event);
+      if (done && done.value) complete(e);
+    }
+    if (e.has_mark && !known_done(t) && !retire_mark(e)) return false;  // still pending: no newer one
+    if (known_done(t)) return true;
+    mark(t);
+    return e.has_mark && e.mark_seq >= t.seq && retire_mark(e) && known_done(t);
   }
 
   /// Waits until the work before tag t's free is done. False on a backend failure.
@@ -132,7 +159,20 @@ class stream_table {
     std::uint64_t event_seq = 0;  ///< frees the pending event covers
     event_type event{};
     bool has_event = false;
+    std::uint64_t mark_seq = 0;   ///< frees the mark covers
+    event_type mark{};
+    bool has_mark = false;
   };
+
+  /// Retires e's mark if it has completed (the frees it covers are then done).
+  bool retire_mark(entry& e) noexcept {
+    auto done = backend_.query(e.mark);
+    if (!done || !done.value) return false;
+    if (e.mark_seq > e.done) e.done = e.mark_seq;
+    backend_.destroy(e.mark);
+    e.has_mark = false;
+    return true;
+  }
 
   bool record(entry& e) noexcept {
     auto ev = backend_.record(e.stream);
