@@ -95,7 +95,9 @@ BEFORE = """### Before and after: repairing cached stitched blocks
 
 gmlake's rows of two runs of the same command on the H200, the same day: before,
 the build without repair (`bench/results/h200-replay-norepair.jsonl`); after, the
-build above (`options::repair_chunks` 4, the default). Only llama-small-lora-ckpt,
+build above (`options::repair_chunks` 4, the default; that build waited for the
+work before a block's free where it was not done, the current one never waits and
+makes the same repairs in the host replay). Only llama-small-lora-ckpt,
 llama1b-generate and synth-mixed repair blocks (5, 4 and 1 repairs in the simulated
 replay); every other trace makes the same calls in both builds, so its differences
 are the run-to-run variation of measured time (gpt2s-dynseq: 1158 and 1422 us).
