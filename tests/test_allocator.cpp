@@ -89,6 +89,34 @@ struct four {
   }
 };
 
+/// four's A and C stitched into `x` and cached (`before_free(a)` runs just before
+/// x is freed), then one chunk of A or C `taken` and a `spare` of two chunks, after
+/// D, freed: x cannot be claimed whole, and free chunks of the same bytes lie elsewhere.
+template <class A>
+struct taken_stitch {
+  A& a;
+  four<A> f;
+  void* spare = nullptr;
+  void* x = nullptr;
+  void* taken = nullptr;
+  template <class BeforeFree>
+  taken_stitch(A& al, BeforeFree before_free) : a(al), f(al) {
+    spare = a.allocate(2 * C);
+    x = a.allocate(4 * C);
+    before_free(a);
+    a.deallocate(x);
+    taken = a.allocate(C);
+    a.deallocate(spare);
+  }
+  explicit taken_stitch(A& al) : taken_stitch(al, [](A&) {}) {}
+  /// Frees what is left of it.
+  void free_rest() {
+    a.deallocate(taken);
+    a.deallocate(f.p[1]);
+    a.deallocate(f.p[3]);
+  }
+};
+
 } // namespace
 
 TEST_CASE("S1: a freed block of the same size is reused") {
@@ -287,21 +315,15 @@ TEST_CASE("cached stitched block reuse: no new mappings") {
 
 TEST_CASE("a cached stitched block whose chunk was taken is repaired: only that chunk is mapped anew") {
   gmlake::gmlake_allocator<counted_memfd> a(counted_memfd(cap, C), opts(), one_slot());
-  using A = decltype(a);
-  four<A> f(a);
-  void* spare = a.allocate(2 * C);  // after D
-  void* x = a.allocate(4 * C);      // A and C stitched
-  a.deallocate(x);                  // cached
-  void* taken = a.allocate(C);      // one chunk of A or C: the block cannot be claimed whole
-  CHECK((taken == f.p[0] || taken == f.p[2]));
-  fill(taken, C, 40);
-  a.deallocate(spare);              // free chunks of the same bytes elsewhere
+  taken_stitch t(a);
+  CHECK((t.taken == t.f.p[0] || t.taken == t.f.p[2]));
+  fill(t.taken, C, 40);
   const auto& n = a.backend().counts();
   const auto maps = n.calls_of(call::map), unmaps = n.calls_of(call::unmap), reserves = n.calls_of(call::reserve);
   const auto s0 = a.stats();
   void* y = a.allocate(4 * C);
   const auto s1 = a.stats();
-  CHECK(y == x);  // the same block, its reservation kept
+  CHECK(y == t.x);  // the same block, its reservation kept
   CHECK(s1.cached_stitch_hits == s0.cached_stitch_hits + 1);
   CHECK(s1.cached_stitch_repairs == s0.cached_stitch_repairs + 1);
   CHECK(fit(s1, fit_state::s1_exact) == fit(s0, fit_state::s1_exact) + 1);
@@ -314,41 +336,32 @@ TEST_CASE("a cached stitched block whose chunk was taken is repaired: only that 
   // and they land in the spare's chunk.
   fill(y, 4 * C, 41);
   CHECK(holds(y, 4 * C, 41));
-  CHECK(holds(taken, C, 40));
-  const auto* sp = static_cast<const unsigned char*>(spare);
+  CHECK(holds(t.taken, C, 40));
+  const auto* sp = static_cast<const unsigned char*>(t.spare);
   const auto* yb = static_cast<const unsigned char*>(y);
   bool in_spare = false;
   for (std::size_t at = 0; at < 4 * C && !in_spare; at += C)
     in_spare = std::memcmp(yb + at, sp, C) == 0 || std::memcmp(yb + at, sp + C, C) == 0;
   CHECK(in_spare);
   a.deallocate(y);
-  a.deallocate(taken);
   CHECK(a.check_invariants());
-  a.deallocate(f.p[1]);
-  a.deallocate(f.p[3]);
+  t.free_rest();
   gmlake_test::check_released(a);
 }
 
 TEST_CASE("repair never waits: a cached block whose free's work is pending is stitched anew instead") {
   gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), opts(), one_slot());
   using A = decltype(a);
-  four<A> f(a);
-  void* spare = a.allocate(2 * C);
-  void* x = a.allocate(4 * C);
-  a.backend().set_auto_complete(false);
-  a.deallocate(x);  // its kernels may still run: the free's work is pending
-  void* taken = a.allocate(C);
-  a.deallocate(spare);
+  // Its kernels may still run when x is freed: the free's work stays pending.
+  taken_stitch t(a, [](A& al) { al.backend().set_auto_complete(false); });
   void* y = a.allocate(4 * C);
   CHECK(y != nullptr);
-  CHECK(y != x);  // not repaired: that would remap under pending work
+  CHECK(y != t.x);  // not repaired: that would remap under pending work
   CHECK(a.stats().cached_stitch_repairs == 0);
   CHECK(a.backend().pending(gmlake::host_stream{0}));  // and nothing waited for it
   a.backend().complete(gmlake::host_stream{0});
   a.deallocate(y);
-  a.deallocate(taken);
-  a.deallocate(f.p[1]);
-  a.deallocate(f.p[3]);
+  t.free_rest();
   gmlake_test::check_released(a);
 }
 
@@ -356,20 +369,12 @@ TEST_CASE("repair off: a cached stitched block with a taken chunk is not used") 
   gmlake::options o = opts();
   o.repair_chunks = 0;
   gmlake::gmlake_allocator<counted_memfd> a(counted_memfd(cap, C), o, one_slot());
-  using A = decltype(a);
-  four<A> f(a);
-  void* spare = a.allocate(2 * C);
-  void* x = a.allocate(4 * C);
-  a.deallocate(x);
-  void* taken = a.allocate(C);
-  a.deallocate(spare);
+  taken_stitch t(a);
   void* y = a.allocate(4 * C);
-  CHECK(y != x);
+  CHECK(y != t.x);
   CHECK(a.stats().cached_stitch_repairs == 0);
   a.deallocate(y);
-  a.deallocate(taken);
-  a.deallocate(f.p[1]);
-  a.deallocate(f.p[3]);
+  t.free_rest();
   gmlake_test::check_released(a);
 }
 

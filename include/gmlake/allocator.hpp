@@ -96,7 +96,6 @@ class basic_allocator {
         small_(driver_, nodes_, streams_, held_, slot_),
         large_(driver_, nodes_, streams_, held_, slot_),
         pool_(driver_, large_, streams_, nodes_, held_) {
-    pool_.mark_frees(opt_.repair_chunks != 0);
     const std::size_t va = round_up(backend_.capacity(), slot_) * (opt_.va_factor ? opt_.va_factor : 1);
     if (errc e = small_.open(va); e != errc::ok) fail_open(e);
     if (errc e = large_.open(va); e != errc::ok) {
@@ -550,7 +549,11 @@ class basic_allocator {
     }
     if (bytes != 0 && bytes != b->requested) note_misuse("free with a size other than the one allocated", p);
     on_freed(b->requested, b->active);
-    pool_.release(*b, streams_.on_free(s));
+    const auto tag = streams_.on_free(s);
+    pool_.release(*b, tag);
+    // repair() remaps a cached block only once the work before its free is done,
+    // and asks without waiting: an event after the free answers it later.
+    if (opt_.repair_chunks != 0) streams_.mark(tag);
     stats_.evictions += pool_.evict(evict_);
     debug_check();
   }

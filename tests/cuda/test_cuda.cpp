@@ -70,6 +70,19 @@ struct stream_pair {
 
 CUstream cu(cudaStream_t s) { return reinterpret_cast<CUstream>(s); }
 
+/// Four chunks in a row (and a `spare` fifth if asked); the 1st and 3rd freed: two
+/// free chunks apart.
+template <class A>
+struct two_apart {
+  void *x1, *y1, *x2, *y2, *spare = nullptr;
+  two_apart(A& a, std::size_t C, bool with_spare = false)
+      : x1(a.allocate(C)), y1(a.allocate(C)), x2(a.allocate(C)), y2(a.allocate(C)) {
+    if (with_spare) spare = a.allocate(C);
+    a.deallocate(x1, C);
+    a.deallocate(x2, C);
+  }
+};
+
 } // namespace
 
 TEST_CASE_TEMPLATE("cuda conformance", T, cuda_combo<gmlake::gmlake_allocator<cuda_vmm>>,
@@ -132,13 +145,8 @@ TEST_CASE("cuda backend: a device that does not exist is a backend_error with th
 TEST_CASE("a kernel writes through a stitched block; every chunk holds its part") {
   const std::size_t C = device_granularity();
   gmlake::allocator<cuda_vmm> a(cuda_vmm(0, 64 * C), test_options());
-  // Four chunks in a row; freeing the 1st and 3rd leaves two free chunks apart.
-  void* x1 = a.allocate(C);
-  void* y1 = a.allocate(C);
-  void* x2 = a.allocate(C);
-  void* y2 = a.allocate(C);
-  a.deallocate(x1, C);
-  a.deallocate(x2, C);
+  const two_apart t(a, C);
+  void *x1 = t.x1, *y1 = t.y1, *x2 = t.x2, *y2 = t.y2;
   const auto before = a.stats();
   void* s = a.allocate(2 * C);
   const auto after = a.stats();
@@ -176,13 +184,8 @@ TEST_CASE("a kernel writes through a stitched block; every chunk holds its part"
 TEST_CASE("a cached stitched block with a taken chunk is repaired: a kernel writes through it") {
   const std::size_t C = device_granularity();
   gmlake::allocator<cuda_vmm> a(cuda_vmm(0, 64 * C), test_options());
-  void* x1 = a.allocate(C);
-  void* y1 = a.allocate(C);
-  void* x2 = a.allocate(C);
-  void* y2 = a.allocate(C);
-  void* spare = a.allocate(C);
-  a.deallocate(x1, C);
-  a.deallocate(x2, C);
+  const two_apart t(a, C, true);
+  void *x1 = t.x1, *x2 = t.x2, *spare = t.spare;
   void* s = a.allocate(2 * C);  // x1 and x2 stitched
   a.deallocate(s, 2 * C);       // cached
   void* taken = a.allocate(C);  // one of them again: the block cannot be claimed whole
@@ -212,8 +215,8 @@ TEST_CASE("a cached stitched block with a taken chunk is repaired: a kernel writ
   CHECK((half0 == sp || half1 == sp));
   a.deallocate(again, 2 * C);
   a.deallocate(taken, C);
-  a.deallocate(y1, C);
-  a.deallocate(y2, C);
+  a.deallocate(t.y1, C);
+  a.deallocate(t.y2, C);
   gmlake_test::check_released(a);
 }
 

@@ -264,11 +264,9 @@ class stitch_pool {
     relay(b, std::span(best.chunks.data(), applied), pieces);
     b.pieces.swap(pieces);
     b.claimed.assign(b.pieces.size(), nullptr);  // within the reserved capacity
-    if (r == swap_result::broken || r == swap_result::no_access) {
+    if (r == swap_result::broken || r == swap_result::no_access) {  // to be unmapped, whole or around the hole
       uncache(b);
-      by_pointer_.erase(by_pointer_.iterator_to(b));
-      held_.stitched.sub(1);
-      held_.mapped.sub(static_cast<std::int64_t>(b.mapped));
+      drop(b);
       b.pending_unmap = b.mapped;
       b.pending_free = true;
       keep(b);
@@ -277,26 +275,17 @@ class stitch_pool {
     if (done < best.count) return nullptr;  // undone: still cached, sound
     // Claimed, unless adjacent free ranges under one piece stay apart (freed on
     // two streams, both with work pending): then it stays cached, repaired.
-    if (!claim(b, size, requested, s)) return nullptr;
-    ++repairs_;
-    return &b;
+    return claim(b, size, requested, s) ? &b : nullptr;
   }
-  /// Blocks served after repair().
-  [[nodiscard]] std::uint64_t repairs() const noexcept { return repairs_; }
 
-  /// Gives b's arena ranges back (freed on the stream of `tag`) and caches b, with
-  /// an event recorded after its free: repair() remaps a block only once that work
-  /// is done, and asks without waiting.
+  /// Gives b's arena ranges back (freed on the stream of `tag`) and caches b.
   void release(stitch_block& b, stream_tag tag) noexcept {
     for (std::size_t i = 0; i < b.claimed_count; ++i) large_.release(*b.claimed[i], tag);
     b.claimed_count = 0;
     b.in_use = false;
     b.tag = tag;
     cache(b);
-    if (mark_frees_) streams_.mark(tag);
   }
-  /// Whether release() marks the free for repair() (off: repair is off).
-  void mark_frees(bool on) noexcept { mark_frees_ = on; }
 
   /// While held (capture mode), nothing is unmapped: blocks stay cached.
   void set_hold(bool on) noexcept { hold_ = on; }
@@ -407,7 +396,8 @@ class stitch_pool {
   /// more than `max`.
   std::size_t blocked_in(const stitch_block& b, std::size_t size, std::uint32_t s, std::size_t max,
                          repair_plan& out) noexcept {
-    std::size_t left = size, va = b.va;
+    std::size_t left = size;
+    std::uintptr_t va = b.va;
     out.count = 0;
     bool over = false;
     for (std::size_t i = 0; i < b.pieces.size() && left > 0 && !over; ++i) {
@@ -590,9 +580,7 @@ class stitch_pool {
     if (b.in_use) {
       for (std::size_t i = 0; i < b.claimed_count; ++i) b.claimed[i]->owner = nullptr;
     }
-    by_pointer_.erase(by_pointer_.iterator_to(b));
-    held_.stitched.sub(1);
-    held_.mapped.sub(static_cast<std::int64_t>(b.mapped));
+    drop(b);
     if (!freed && !force) {  // unmapped, but the reservation is still held: keep it
       ++held_.failed_cleanups;
       b.in_use = false;
@@ -604,6 +592,13 @@ class stitch_pool {
     }
     delete &b;
     return true;
+  }
+
+  /// Takes b out of the blocks found by pointer and out of the footprint.
+  void drop(stitch_block& b) noexcept {
+    by_pointer_.erase(by_pointer_.iterator_to(b));
+    held_.stitched.sub(1);
+    held_.mapped.sub(static_cast<std::int64_t>(b.mapped));
   }
 
   /// Puts a block given up on into the quarantine list.
@@ -632,8 +627,6 @@ class stitch_pool {
   stitch_lru quarantine_;  // blocks given up on whose undo failed (the LRU hook is free in them)
   std::size_t cached_bytes_ = 0;
   std::uint64_t clock_ = 0;
-  std::uint64_t repairs_ = 0;
-  bool mark_frees_ = true;
   bool hold_ = false;
 };
 
