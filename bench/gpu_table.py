@@ -2,7 +2,7 @@
 """Turns gmlake-gpu-replay JSON lines into the markdown table of docs/benchmarks.md.
 
     python3 bench/gpu_table.py replay.jsonl > table.md
-    python3 bench/gpu_table.py replay.jsonl --into docs/benchmarks.md [--before before.jsonl]
+    python3 bench/gpu_table.py replay.jsonl --into docs/benchmarks.md [--before before.jsonl [--after after.jsonl]]
 
 --into writes the section "On the H200" into the file, between the markers
 <!-- h200 --> and <!-- /h200 --> (appended with them when absent);
@@ -12,7 +12,8 @@ Per trace: each allocator's own peak reserved, the device's view of it, fragment
 (1 - peak live / peak reserved), time per allocate/free after iteration 4, and for
 gmlake the measured driver time per iteration after 4; then whether gmlake is at or
 below the best peer, and at or below PyTorch's default time per operation.
---before adds gmlake's figures of an earlier run (another build) beside this one's.
+--before adds gmlake's figures of an earlier run (another build) beside this one's, or
+beside those of --after (a run made the same day as --before's).
 """
 import json
 import os
@@ -94,10 +95,13 @@ def load(path):
 BEFORE = """### Before and after: repairing cached stitched blocks
 
 gmlake's rows of two runs of the same command on the H200, the same day: before,
-the build without repair (`bench/results/h200-replay-norepair.jsonl`); after, the
-build above (`options::repair_chunks` 4, the default; that build waited for the
-work before a block's free where it was not done, the current one never waits and
-makes the same repairs in the host replay). Only llama-small-lora-ckpt,
+the build without repair
+(`bench/results/h200-replay-norepair.jsonl`); after, the build with it
+(`bench/results/h200-replay-repair.jsonl`; `options::repair_chunks` 4, the default;
+that build waited for the work before a block's free where it was not done, the
+current one never waits and makes the same repairs in the host replay). The table
+above is a later run of the current build on another instance, on which PyTorch's
+time per operation was up to 1.4x higher: compare time within one run. Only llama-small-lora-ckpt,
 llama1b-generate and synth-mixed repair blocks (5, 4 and 1 repairs in the simulated
 replay); every other trace makes the same calls in both builds, so its differences
 are the run-to-run variation of measured time (gpt2s-dynseq: 1158 and 1422 us).
@@ -132,7 +136,9 @@ def into(path, section):
 
 
 def main(argv):
-    if len(argv) == 5 and argv[1] == "--into" and argv[3] == "--before":
+    if len(argv) == 7 and argv[1] == "--into" and argv[3] == "--before" and argv[5] == "--after":
+        into(argv[2], HEADER + table(argv[0]) + "\n" + before_after(argv[4], argv[6]))
+    elif len(argv) == 5 and argv[1] == "--into" and argv[3] == "--before":
         into(argv[2], HEADER + table(argv[0]) + "\n" + before_after(argv[4], argv[0]))
     elif len(argv) == 3 and argv[1] == "--into":
         into(argv[2], HEADER + table(argv[0]))
