@@ -85,6 +85,17 @@ MODELS = {
     "llama1b-dynbatch": dict(family="llama", layers=22, hidden=2048, ffn=5632, heads=32, kv_heads=4,
                              vocab=32000, seq=(128, 1024), batch=8, batch_range=(2, 16), ckpt=False,
                              lora=False, bf16_weights=True),
+    # Llama-3.2-3B shape (GQA 24/8, 128k vocabulary), bf16 weights, full fine-tune; batch
+    # size and sequence length drawn per step
+    "llama3b-dynbatch": dict(family="llama", layers=28, hidden=3072, ffn=8192, heads=24, kv_heads=8,
+                             vocab=128256, seq=(128, 1024), batch=4, batch_range=(1, 8), ckpt=False,
+                             lora=False, bf16_weights=True),
+    # a small Mixtral-shape mixture of experts (8 experts, top 2), bf16 weights, full
+    # fine-tune, sequence length drawn per step: the tokens each expert gets change
+    # every step
+    "moe-small-dynseq": dict(family="mixtral", layers=8, hidden=1024, ffn=2816, heads=16, kv_heads=4,
+                             vocab=32000, experts=8, top_k=2, seq=(128, 2048), batch=8, ckpt=False,
+                             lora=False, bf16_weights=True),
     # GPT-2 small with a fixed shape: the torch.compile(mode="reduce-overhead") run
     "gpt2s-fixed": dict(family="gpt2", layers=12, hidden=768, heads=12, vocab=50257,
                         seq=(512, 512), batch=8, ckpt=False, lora=False, bf16_weights=False),
@@ -218,6 +229,14 @@ def build_model(name, spec, torch, R):
                                        num_attention_heads=spec["heads"],
                                        num_key_value_heads=spec["kv_heads"], max_position_embeddings=2048,
                                        rms_norm_eps=1e-5, tie_word_embeddings=False, attention_dropout=0.0)
+    elif fam == "mixtral":
+        cfg = transformers.MixtralConfig(vocab_size=spec["vocab"], hidden_size=spec["hidden"],
+                                         intermediate_size=spec["ffn"], num_hidden_layers=spec["layers"],
+                                         num_attention_heads=spec["heads"],
+                                         num_key_value_heads=spec["kv_heads"], max_position_embeddings=4096,
+                                         num_local_experts=spec["experts"],
+                                         num_experts_per_tok=spec["top_k"], rms_norm_eps=1e-5,
+                                         tie_word_embeddings=False, attention_dropout=0.0)
     else:
         raise ValueError(fam)
     cfg.use_cache = False
