@@ -360,7 +360,7 @@ outcome run(const trace& t, const char* name, const knobs& k, const cost_model& 
 /// Every configuration the tool knows: the named ones of configs.hpp first.
 const std::vector<std::string>& config_names() {
   static const std::vector<std::string> names = {"gmlake", "bfc", "expandable", "gmlake-paper", "largest-first",
-                                                 "gmlake-edges"};
+                                                 "gmlake-noedges"};
   return names;
 }
 
@@ -371,12 +371,12 @@ outcome run_config(const trace& t, const std::string& config, const knobs& k, co
     if (k.pieces) p.pieces = k.pieces;
     return run(t, "gmlake", k, cost, p);
   }
-  if (config == "gmlake-edges") {  // gmlake with stitch edges (8 MiB unless given)
+  if (config == "gmlake-noedges") {  // gmlake without stitch edges
     knobs e = k;
-    if (!e.edges) e.edges = std::size_t{8} << 20;
+    e.edges = 0;
     policy::best_fit_pieces p;
     if (k.pieces) p.pieces = k.pieces;
-    return run(t, "gmlake-edges", e, cost, p);
+    return run(t, "gmlake-noedges", e, cost, p);
   }
   if (config == "bfc") return run(t, "bfc", k, cost, policy::no_stitch{});
   if (config == "expandable") return run(t, "expandable", k, cost, policy::expand_only{});

@@ -19,8 +19,8 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = ["gmlake", "bfc", "expandable", "gmlake-paper", "largest-first", "gmlake-edges"]
-OPTIONS = {"gmlake-edges"}  # gmlake with an option on, not an alternative allocator
+CONFIGS = ["gmlake", "bfc", "expandable", "gmlake-paper", "largest-first", "gmlake-noedges"]
+OPTIONS = {"gmlake-noedges"}  # gmlake with an option off, not an alternative allocator
 PEERS = [("torch-default", "PyTorch default"), ("torch-expandable", "PyTorch expandable_segments"),
          ("cudaMallocAsync", "cudaMallocAsync pool")]
 
@@ -110,12 +110,12 @@ def main():
              "| trace | frag | best peer | driver us/iter after 4 | handles created after 4 | ns/op gmlake / bfc |",
              "|---|---|---|---|---|---|"]
     sections = []
-    edges = ["", "## Option: stitch edges (`gmlake-edges`)", "",
-             "The stitch policy's `edges = 8 MiB` (`gmlake-replay --stitch-edges-mib 8`): free bytes at a chunk boundary",
-             "in a range with no whole chunk may open or close a stitch that would otherwise create new chunks.",
-             "Less reserved memory, more chunks mapped per stitch; off by default because driver time matters more",
-             "to throughput (on the H200 llama1b-generate already measured 2.78 ms per iteration with the default).", "",
-             "| trace | frag gmlake | frag gmlake-edges | driver us/iter after 4, gmlake | gmlake-edges |",
+    edges = ["", "## Option: no stitch edges (`gmlake-noedges`)", "",
+             "The default stitch policy's `edges = 4 MiB`: free bytes at a chunk boundary in a range with no whole",
+             "chunk may open or close a stitch that would otherwise create new chunks. `edges = 0`",
+             "(`gmlake-replay --stitch-edges-mib 0`, the configuration `gmlake-noedges`) maps fewer chunks per stitch",
+             "and reserves more ([docs/design.md](design.md), \"Stitch edges\").", "",
+             "| trace | frag gmlake | frag gmlake-noedges | driver us/iter after 4, gmlake | gmlake-noedges |",
              "|---|---|---|---|---|"]
     for t in traces:
         rows = run(a.replay, t, timeline)
@@ -138,8 +138,8 @@ def main():
                      f"{'-' if best_peer is None else f'{100 * best_peer:.2f}%'} | "
                      f"{g['driver_us_per_iter_after_4']:.0f} | {g['creates_after_4']} | "
                      f"{g['ns_per_op']:.0f} / {b['ns_per_op']:.0f} ({ratio:.2f}x) |")
-        if "gmlake-edges" in by:
-            e = by["gmlake-edges"]
+        if "gmlake-noedges" in by:
+            e = by["gmlake-noedges"]
             edges.append(f"| {name} | {100 * g['fragmentation']:.2f}% | {100 * e['fragmentation']:.2f}% | "
                          f"{g['driver_us_per_iter_after_4']:.0f} | {e['driver_us_per_iter_after_4']:.0f} |")
         png = f"bench-{name}.png"

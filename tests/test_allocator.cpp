@@ -922,6 +922,46 @@ TEST_CASE("stitch edges: free bytes at handle boundaries open and close a stitch
   }
 }
 
+TEST_CASE("stitch edges by default: 4 MiB at chunk boundaries close a stitch without new chunks, 3 MiB do not") {
+  // 2 MiB slots, chunks of 16 MiB: H1 = [used | free E], H2 used, H3 free, H4 used,
+  // H5 = [free E | used]. A request of E + 16 MiB + E can only be stitched from H1's
+  // free end, H3 and H5's free start.
+  for (const std::size_t e : {5 * mib, 3 * mib}) {
+    for (const bool off : {false, true}) {
+      CAPTURE(e);
+      CAPTURE(off);
+      policy::best_fit_pieces p;
+      CHECK(p.edges == 4 * mib);
+      if (off) p.edges = 0;
+      gmlake::gmlake_allocator<simulated> a(simulated(1024 * mib, 2 * mib), gmlake::options{}, p);
+      void* h[5];
+      for (void*& x : h) x = a.allocate(16 * mib);
+      a.deallocate(h[4]);
+      void* filler = a.allocate(e);
+      void* y5 = a.allocate(16 * mib - e);
+      a.deallocate(filler);
+      a.deallocate(h[0]);
+      void* x1 = a.allocate(16 * mib - e);
+      CHECK(x1 == h[0]);
+      a.deallocate(h[2]);
+      const auto s0 = a.stats();
+      void* y = a.allocate(16 * mib + 2 * e);
+      const auto s1 = a.stats();
+      REQUIRE(y != nullptr);
+      if (e >= 4 * mib && !off) {
+        CHECK(s1.reserved_bytes.current == s0.reserved_bytes.current);
+        CHECK(fit(s1, fit_state::s3_stitch) == fit(s0, fit_state::s3_stitch) + 1);
+      } else {
+        CHECK(s1.reserved_bytes.current > s0.reserved_bytes.current);
+        CHECK(fit(s1, fit_state::s3_stitch) == fit(s0, fit_state::s3_stitch));
+      }
+      CHECK(a.check_invariants());
+      for (void* x : {y, y5, x1, h[1], h[3]}) a.deallocate(x);
+      CHECK(a.check_invariants());
+    }
+  }
+}
+
 TEST_CASE("stitch edges: a closing edge instead of the last piece's tail; after new chunks with a surplus") {
   policy::best_fit_pieces p;
   p.grow.max_chunk = 4 * C;

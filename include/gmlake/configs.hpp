@@ -1,6 +1,7 @@
 // gmlake/configs.hpp - the named configurations every figure refers to.
 //
-//  gmlake      stitching with best-fitting pieces, S4 shortfall only, LRU cache (default)
+//  gmlake      stitching with best-fitting pieces and 4 MiB stitch edges, S4 shortfall
+//              only, LRU cache (default)
 //  bfc         stitching off, each new segment created whole: a plain best-fit
 //              caching allocator with coalescing (the baseline)
 //  expandable  stitching off, growth extends a free range (PyTorch expandable segments)

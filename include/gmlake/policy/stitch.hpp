@@ -102,12 +102,15 @@ static_assert(StitchPolicy<gmlake_paper>);
 
 /// Best-fitting last piece: take the largest candidates while none of them covers
 /// what is left on its own; then close with the smallest one that does. Keeps large
-/// free ranges whole for later requests and overshoots the least.
+/// free ranges whole for later requests and overshoots the least. Stitch edges of
+/// at least 4 MiB: the free bytes at the end of a partly used chunk may open a
+/// stitch, those at the start of one close it, where the pieces fall short
+/// (docs/design.md, "Stitch edges").
 struct best_fit_pieces {
-  std::size_t min_bytes = 0;     ///< stitch only requests of at least this size
-  std::size_t pieces = 16;       ///< cap on pieces per stitch
-  bool shortfall = true;         ///< S4 creates only the missing chunks
-  std::size_t edges = 0;         ///< edge_min() (0: no stitch edges)
+  std::size_t min_bytes = 0;                ///< stitch only requests of at least this size
+  std::size_t pieces = 16;                  ///< cap on pieces per stitch
+  bool shortfall = true;                    ///< S4 creates only the missing chunks
+  std::size_t edges = std::size_t{4} << 20; ///< edge_min() (0: no stitch edges)
   growth_rules grow = stitch_growth;
 
   bool stitches(std::size_t bytes) const noexcept { return bytes >= min_bytes; }
