@@ -220,6 +220,58 @@ TEST_CASE("a cached stitched block with a taken chunk is repaired: a kernel writ
   gmlake_test::check_released(a);
 }
 
+TEST_CASE("stitch edges: a kernel writes through a block that opens and closes inside partly used chunks") {
+  // Chunks of 4 granules: H1 = [used | free 2C], H2 used, H3 free, H4 used,
+  // H5 = [free 2C | used]. An 8C request is H1's free end, H3 and H5's free start.
+  const std::size_t C = device_granularity();
+  gmlake::policy::best_fit_pieces p;
+  p.grow.max_chunk = 4 * C;
+  p.grow.floor = p.grow.floor_divisor = 0;
+  p.edges = 2 * C;  // 4 MiB, the default, at the H200's 2 MiB granularity
+  gmlake::gmlake_allocator<cuda_vmm> a(cuda_vmm(0, 64 * C), test_options(), p);
+  void* h[5];
+  for (void*& x : h) x = a.allocate(4 * C);
+  a.deallocate(h[4], 4 * C);
+  void* filler = a.allocate(2 * C);
+  void* y5 = a.allocate(2 * C);
+  a.deallocate(h[0], 4 * C);
+  void* x1 = a.allocate(2 * C);
+  REQUIRE(x1 == h[0]);
+  REQUIRE(filler == h[4]);
+  a.deallocate(filler, 2 * C);
+  a.deallocate(h[2], 4 * C);
+  REQUIRE(gmlake_gpu::fill(x1, 2 * C, 3, nullptr) == cudaSuccess);
+  REQUIRE(gmlake_gpu::fill(y5, 2 * C, 4, nullptr) == cudaSuccess);
+  const auto before = a.stats();
+  void* s = a.allocate(8 * C);
+  const auto after = a.stats();
+  REQUIRE(s != nullptr);
+  CHECK(after.fit[2] == before.fit[2] + 1);  // S3: stitched, no new memory
+  CHECK(after.reserved_bytes.current == before.reserved_bytes.current);
+  REQUIRE(gmlake_gpu::fill(s, 8 * C, 44, nullptr) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(gmlake_gpu::mismatches(s, 8 * C, 44, nullptr) == 0);
+  // Its three parts, read through the chunks' own mappings: H1's free end, H3, H5's free start.
+  auto* b = static_cast<const char*>(s);
+  const auto same = [&](const void* at, const char* part, std::size_t n) {
+    std::vector<unsigned char> x(n), y(n);
+    REQUIRE(cudaMemcpy(x.data(), at, n, cudaMemcpyDeviceToHost) == cudaSuccess);
+    REQUIRE(cudaMemcpy(y.data(), part, n, cudaMemcpyDeviceToHost) == cudaSuccess);
+    return x == y;
+  };
+  CHECK(same(static_cast<char*>(h[0]) + 2 * C, b, 2 * C));
+  CHECK(same(h[2], b + 2 * C, 4 * C));
+  CHECK(same(h[4], b + 6 * C, 2 * C));
+  // The used halves of H1 and H5 are untouched.
+  CHECK(gmlake_gpu::mismatches(x1, 2 * C, 3, nullptr) == 0);
+  CHECK(gmlake_gpu::mismatches(y5, 2 * C, 4, nullptr) == 0);
+  CHECK(a.check_invariants());
+  a.deallocate(s, 8 * C);
+  for (void* x : {x1, y5}) a.deallocate(x, 2 * C);
+  for (void* x : {h[1], h[3]}) a.deallocate(x, 4 * C);
+  gmlake_test::check_released(a);
+}
+
 TEST_CASE("stream order: memory freed under a running kernel is not handed to another stream") {
   const std::size_t C = device_granularity();
   stream_pair st;
