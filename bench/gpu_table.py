@@ -2,7 +2,7 @@
 """Turns gmlake-gpu-replay JSON lines into the markdown table of docs/benchmarks.md.
 
     python3 bench/gpu_table.py replay.jsonl > table.md
-    python3 bench/gpu_table.py replay.jsonl --into docs/benchmarks.md [--before before.jsonl [--after after.jsonl]]
+    python3 bench/gpu_table.py replay.jsonl --into docs/benchmarks.md
 
 --into writes the section "On the H200" into the file, between the markers
 <!-- h200 --> and <!-- /h200 --> (appended with them when absent);
@@ -12,8 +12,8 @@ Per trace: each allocator's own peak reserved, the device's view of it, fragment
 (1 - peak live / peak reserved), time per allocate/free after iteration 4, and for
 gmlake the measured driver time per iteration after 4; then whether gmlake is at or
 below the best peer, and at or below PyTorch's default time per operation.
---before adds gmlake's figures of an earlier run (another build) beside this one's, or
-beside those of --after (a run made the same day as --before's).
+--into also adds the before/after tables of COMPARISONS (gmlake's figures of two
+builds, from runs kept in bench/results) whose runs are there.
 """
 import json
 import os
@@ -92,24 +92,34 @@ def load(path):
     return rows
 
 
-BEFORE = """### Before and after: repairing cached stitched blocks
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
-gmlake's rows of two runs of the same command on the H200, the same day: before,
-the build without repair
-(`bench/results/h200-replay-norepair.jsonl`); after, the build with it
-(`bench/results/h200-replay-repair.jsonl`; `options::repair_chunks` 4, the default;
-that build waited for the work before a block's free where it was not done, the
-current one never waits and makes the same repairs in the host replay). The table
-above is a later run of the current build on another instance, on which PyTorch's
-time per operation was up to 1.4x higher: compare time within one run. Only llama-small-lora-ckpt,
-llama1b-generate and synth-mixed repair blocks (5, 4 and 1 repairs in the simulated
-replay); every other trace makes the same calls in both builds, so its differences
-are the run-to-run variation of measured time (gpt2s-dynseq: 1158 and 1422 us).
+# The before/after tables of docs/benchmarks.md: title, text, the runs compared
+# (files of bench/results; None: the run the section shows).
+COMPARISONS = [
+    ("Before and after: stitch edges by default",
+     """gmlake's rows of the run above (stitch edges of 4 MiB, the default) and of the
+same command on the build before it, the same day (commit 617e10c, no edges;
+`bench/results/h200-replay-noedges.jsonl`: its run of the 14 traces and that of the
+three captures, `h200-replay-captures.jsonl`). The runs were on different machine
+instances: compare fragmentation, which does not depend on the machine, and time
+within one run.
+""", "h200-replay-noedges.jsonl", None),
+    ("Before and after: repairing cached stitched blocks",
+     """gmlake's rows of two runs of the same command on the H200, the same day: before,
+the build without repair (`bench/results/h200-replay-norepair.jsonl`); after, the
+build with it (`bench/results/h200-replay-repair.jsonl`; `options::repair_chunks` 4,
+the default; that build waited for the work before a block's free where it was not
+done, the current one never waits and makes the same repairs in the host replay).
+Only llama-small-lora-ckpt, llama1b-generate and synth-mixed repair blocks (5, 4 and
+1 repairs in the simulated replay); every other trace makes the same calls in both
+builds, so its differences are the run-to-run variation of measured time
+(gpt2s-dynseq: 1158 and 1422 us).
+""", "h200-replay-norepair.jsonl", "h200-replay-repair.jsonl"),
+]
 
-"""
 
-
-def before_after(before, after):
+def before_after(title, text, before, after):
     b, a = load(before), load(after)
     out = ["| trace | frag before | frag after | driver us/iter before | after | ns/op before | after |",
            "|---|---|---|---|---|---|---|"]
@@ -120,7 +130,7 @@ def before_after(before, after):
         out.append(f"| {trace} | {100*x['fragmentation']:.2f}% | {100*y['fragmentation']:.2f}% "
                    f"| {x['driver_us_per_iter_after_4']:.0f} | {y['driver_us_per_iter_after_4']:.0f} "
                    f"| {x['ns_per_op_after_4']:.0f} | {y['ns_per_op_after_4']:.0f} |")
-    return BEFORE + "\n".join(out) + "\n\n"
+    return f"### {title}\n\n{text}\n" + "\n".join(out) + "\n\n"
 
 
 def into(path, section):
@@ -135,13 +145,19 @@ def into(path, section):
         f.write(text)
 
 
+def comparisons(main_run):
+    out = ""
+    for title, text, before, after in COMPARISONS:
+        b = os.path.join(RESULTS, before)
+        a = main_run if after is None else os.path.join(RESULTS, after)
+        if os.path.exists(b) and os.path.exists(a):
+            out += before_after(title, text, b, a)
+    return out
+
+
 def main(argv):
-    if len(argv) == 7 and argv[1] == "--into" and argv[3] == "--before" and argv[5] == "--after":
-        into(argv[2], HEADER + table(argv[0]) + "\n" + before_after(argv[4], argv[6]))
-    elif len(argv) == 5 and argv[1] == "--into" and argv[3] == "--before":
-        into(argv[2], HEADER + table(argv[0]) + "\n" + before_after(argv[4], argv[0]))
-    elif len(argv) == 3 and argv[1] == "--into":
-        into(argv[2], HEADER + table(argv[0]))
+    if len(argv) == 3 and argv[1] == "--into":
+        into(argv[2], HEADER + table(argv[0]) + "\n" + comparisons(argv[0]))
     elif len(argv) == 1:
         sys.stdout.write(table(argv[0]))
     else:

@@ -192,13 +192,8 @@ def main():
     # The GPU replay measured on the H200 (bench/results/README.md).
     gpu = os.path.join(ROOT, "bench", "results", "h200-replay.jsonl")
     if os.path.exists(gpu):
-        before = os.path.join(ROOT, "bench", "results", "h200-replay-norepair.jsonl")
-        after = os.path.join(ROOT, "bench", "results", "h200-replay-repair.jsonl")
-        extra = ["--before", before] if os.path.exists(before) else []
-        if extra and os.path.exists(after):
-            extra += ["--after", after]
         subprocess.run([sys.executable, os.path.join(ROOT, "bench", "gpu_table.py"), gpu, "--into",
-                        os.path.join(a.out, "benchmarks.md")] + extra, check=True)
+                        os.path.join(a.out, "benchmarks.md")], check=True)
     print(f"wrote {os.path.join(a.out, 'benchmarks.md')}", file=sys.stderr)
 
 
