@@ -366,17 +366,13 @@ const std::vector<std::string>& config_names() {
 
 outcome run_config(const trace& t, const std::string& config, const knobs& k, const cost_model& cost) {
   using namespace gmlake;
-  if (config == "gmlake") {
-    policy::best_fit_pieces p;
-    if (k.pieces) p.pieces = k.pieces;
-    return run(t, "gmlake", k, cost, p);
-  }
-  if (config == "gmlake-noedges") {  // gmlake without stitch edges
+  if (config == "gmlake" || config == "gmlake-noedges") {  // the latter without stitch edges
+    const bool edges = config == "gmlake";
     knobs e = k;
-    e.edges = 0;
+    if (!edges) e.edges = 0;
     policy::best_fit_pieces p;
     if (k.pieces) p.pieces = k.pieces;
-    return run(t, "gmlake-noedges", e, cost, p);
+    return run(t, edges ? "gmlake" : "gmlake-noedges", e, cost, p);
   }
   if (config == "bfc") return run(t, "bfc", k, cost, policy::no_stitch{});
   if (config == "expandable") return run(t, "expandable", k, cost, policy::expand_only{});

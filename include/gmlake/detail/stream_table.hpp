@@ -113,7 +113,7 @@ class stream_table {
     if (e.has_mark && !known_done(t) && !retire_mark(e)) return false;  // still pending: no newer one
     if (known_done(t)) return true;
     mark(t);
-    return e.has_mark && e.mark_seq >= t.seq && retire_mark(e) && known_done(t);
+    return e.has_mark && retire_mark(e) && known_done(t);  // a mark just recorded covers t
   }
 
   /// Waits until the work before tag t's free is done. False on a backend failure.
