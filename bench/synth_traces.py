@@ -23,6 +23,12 @@ the real traces in bench/traces cover thinly, so tuning is checked beyond them:
 
 Deterministic (fixed seeds). Usage: python3 bench/synth_traces.py [OUTDIR]
 (default bench/traces/synthetic).
+
+  python3 bench/synth_traces.py --variants N OUTDIR
+
+writes, instead, N more traces of each pattern, NAME-vK.trace.gz for K = 1..N, from
+other seeds: jobs of the same kinds that no setting was tuned on, to check that a
+change holds beyond the traces it was measured on.
 """
 import gzip
 import os
@@ -256,17 +262,32 @@ def vision(w, r):
         w.free(x)
 
 
+PATTERNS = [("synth-kvcache", kvcache, 1), ("synth-offload", offload, 2), ("synth-mixed", mixed, 3),
+            ("synth-ckpt-dyn", ckpt_dyn, 4), ("synth-seqsched", seqsched, 5), ("synth-moe", moe, 6),
+            ("synth-vision", vision, 7)]
+
+
+def write(out, name, fn, seed):
+    w = writer(os.path.join(out, name + ".trace.gz"), name)
+    fn(w, random.Random(seed))
+    w.close()
+    print(f"{out}/{name}.trace.gz: {w.next} allocations")
+
+
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "traces", "synthetic")
+    args = sys.argv[1:]
+    variants = 0
+    if args[:1] == ["--variants"]:
+        if len(args) != 3:
+            sys.exit("usage: synth_traces.py [OUTDIR] | --variants N OUTDIR")
+        variants, args = int(args[1]), args[2:]
+    out = args[0] if args else os.path.join(os.path.dirname(__file__), "traces", "synthetic")
     os.makedirs(out, exist_ok=True)
-    for name, fn, seed in [("synth-kvcache", kvcache, 1), ("synth-offload", offload, 2),
-                           ("synth-mixed", mixed, 3), ("synth-ckpt-dyn", ckpt_dyn, 4),
-                           ("synth-seqsched", seqsched, 5), ("synth-moe", moe, 6),
-                           ("synth-vision", vision, 7)]:
-        w = writer(os.path.join(out, name + ".trace.gz"), name)
-        fn(w, random.Random(seed))
-        w.close()
-        print(f"{out}/{name}.trace.gz: {w.next} allocations")
+    for name, fn, seed in PATTERNS:
+        if variants == 0:
+            write(out, name, fn, seed)
+        for k in range(1, variants + 1):
+            write(out, f"{name}-v{k}", fn, 1000 * k + seed)
 
 
 if __name__ == "__main__":
