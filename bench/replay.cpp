@@ -360,19 +360,19 @@ outcome run(const trace& t, const char* name, const knobs& k, const cost_model& 
 /// Every configuration the tool knows: the named ones of configs.hpp first.
 const std::vector<std::string>& config_names() {
   static const std::vector<std::string> names = {"gmlake", "bfc", "expandable", "gmlake-paper", "largest-first",
-                                                 "gmlake-noedges"};
+                                                 "gmlake-noedges", "gmlake-noappend"};
   return names;
 }
 
 outcome run_config(const trace& t, const std::string& config, const knobs& k, const cost_model& cost) {
   using namespace gmlake;
-  if (config == "gmlake" || config == "gmlake-noedges") {  // the latter without stitch edges
-    const bool edges = config == "gmlake";
+  if (config == "gmlake" || config == "gmlake-noedges" || config == "gmlake-noappend") {  // or one option off
     knobs e = k;
-    if (!edges) e.edges = 0;
+    if (config == "gmlake-noedges") e.edges = 0;
+    if (config == "gmlake-noappend") e.opt.append_room = 0;
     policy::best_fit_pieces p;
     if (k.pieces) p.pieces = k.pieces;
-    return run(t, edges ? "gmlake" : "gmlake-noedges", e, cost, p);
+    return run(t, config.c_str(), e, cost, p);
   }
   if (config == "bfc") return run(t, "bfc", k, cost, policy::no_stitch{});
   if (config == "expandable") return run(t, "expandable", k, cost, policy::expand_only{});
@@ -408,6 +408,7 @@ int main(int argc, char** argv) {
     else if (a == "--small-max-kib" && i + 1 < argc) k.opt.small_max = num(1024);
     else if (a == "--cached-scan" && i + 1 < argc) k.opt.cached_scan = num(1);
     else if (a == "--repair-chunks" && i + 1 < argc) k.opt.repair_chunks = num(1);
+    else if (a == "--append-room" && i + 1 < argc) k.opt.append_room = num(1);
     else if (a == "--pieces" && i + 1 < argc) k.pieces = num(1);
     else if (a == "--no-lend") k.no_lend = true;
     else if (a == "--lend-to-small") k.lend_to_small = true;
@@ -421,7 +422,7 @@ int main(int argc, char** argv) {
     else if (a == "-h" || a == "--help") {
       std::printf("usage: gmlake-replay [--json] [--breakdown] [--config NAME]... [--cost-model FILE]\n"
                   "                     [--timeline DIR] [--chunk-mib N] [--small-max-kib N] [--cached-scan N]\n"
-                  "                     [--repair-chunks N]\n"
+                  "                     [--repair-chunks N] [--append-room N]\n"
                   "                     [--pieces N] [--max-handle-mib N] [--min-growth-mib N]\n                     [--growth-divisor N]\n                     [--big-growth-mib N] [--big-handle-mib N] [--no-lend]\n                     [--lend-to-small] [--stitch-edges-mib N] [--log-driver]\n"
                   "                     TRACE.trace.gz...\nconfigurations:");
       for (const auto& n : config_names()) std::printf(" %s", n.c_str());

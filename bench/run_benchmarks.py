@@ -19,8 +19,21 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = ["gmlake", "bfc", "expandable", "gmlake-paper", "largest-first", "gmlake-noedges"]
-OPTIONS = {"gmlake-noedges"}  # gmlake with an option off, not an alternative allocator
+CONFIGS = ["gmlake", "bfc", "expandable", "gmlake-paper", "largest-first", "gmlake-noedges", "gmlake-noappend"]
+# gmlake with an option off, not an alternative allocator: its section's title and text.
+OPTIONS = {
+    "gmlake-noedges": ("no stitch edges", [
+        "The default stitch policy's `edges = 4 MiB`: free bytes at a chunk boundary in a range with no whole",
+        "chunk may open or close a stitch that would otherwise create new chunks. `edges = 0`",
+        "(`gmlake-replay --stitch-edges-mib 0`, the configuration `gmlake-noedges`) maps fewer chunks per stitch",
+        "and reserves more ([docs/design.md](design.md), \"Stitch edges\")."]),
+    "gmlake-noappend": ("no appending to cached stitched blocks", [
+        "By default (`options::append_room = 1`) each stitched block reserves twice the address space it maps,",
+        "and a request larger than a cached block whose pieces are all free has the missing chunks mapped after",
+        "it, instead of a new stitch of every chunk. `append_room = 0` (`gmlake-replay --append-room 0`, the",
+        "configuration `gmlake-noappend`) stitches anew ([docs/design.md](design.md), \"Appending to a cached",
+        "stitched block\")."]),
+}
 PEERS = [("torch-default", "PyTorch default"), ("torch-expandable", "PyTorch expandable_segments"),
          ("cudaMallocAsync", "cudaMallocAsync pool")]
 
@@ -38,7 +51,7 @@ def plot(name, rows, timeline, out_png):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     by = {r["allocator"]: r for r in rows}
-    others = [r for r in rows if r["allocator"] not in {"gmlake", "bfc"} | OPTIONS]
+    others = [r for r in rows if r["allocator"] not in {"gmlake", "bfc"} | set(OPTIONS)]
     best = min(others, key=lambda r: r["peak_reserved_bytes"])["allocator"]
     fig, ax = plt.subplots(figsize=(9, 4))
     live_drawn = False
@@ -110,13 +123,9 @@ def main():
              "| trace | frag | best peer | driver us/iter after 4 | handles created after 4 | ns/op gmlake / bfc |",
              "|---|---|---|---|---|---|"]
     sections = []
-    edges = ["", "## Option: no stitch edges (`gmlake-noedges`)", "",
-             "The default stitch policy's `edges = 4 MiB`: free bytes at a chunk boundary in a range with no whole",
-             "chunk may open or close a stitch that would otherwise create new chunks. `edges = 0`",
-             "(`gmlake-replay --stitch-edges-mib 0`, the configuration `gmlake-noedges`) maps fewer chunks per stitch",
-             "and reserves more ([docs/design.md](design.md), \"Stitch edges\").", "",
-             "| trace | frag gmlake | frag gmlake-noedges | driver us/iter after 4, gmlake | gmlake-noedges |",
-             "|---|---|---|---|---|"]
+    options = {c: ["", f"## Option: {title} (`{c}`)", ""] + text + [
+        "", f"| trace | frag gmlake | frag {c} | driver us/iter after 4, gmlake | {c} |", "|---|---|---|---|---|"]
+        for c, (title, text) in OPTIONS.items()}
     for t in traces:
         rows = run(a.replay, t, timeline)
         if not rows:
@@ -138,10 +147,11 @@ def main():
                      f"{'-' if best_peer is None else f'{100 * best_peer:.2f}%'} | "
                      f"{g['driver_us_per_iter_after_4']:.0f} | {g['creates_after_4']} | "
                      f"{g['ns_per_op']:.0f} / {b['ns_per_op']:.0f} ({ratio:.2f}x) |")
-        if "gmlake-noedges" in by:
-            e = by["gmlake-noedges"]
-            edges.append(f"| {name} | {100 * g['fragmentation']:.2f}% | {100 * e['fragmentation']:.2f}% | "
-                         f"{g['driver_us_per_iter_after_4']:.0f} | {e['driver_us_per_iter_after_4']:.0f} |")
+        for c, section in options.items():
+            if c in by:
+                e = by[c]
+                section.append(f"| {name} | {100 * g['fragmentation']:.2f}% | {100 * e['fragmentation']:.2f}% | "
+                               f"{g['driver_us_per_iter_after_4']:.0f} | {e['driver_us_per_iter_after_4']:.0f} |")
         png = f"bench-{name}.png"
         best = plot(name, rows, timeline, os.path.join(a.out, png))
         s = [f"## {name}", "",
@@ -174,7 +184,7 @@ def main():
               "same trace on the H200, [bench/peers/README.md](../bench/peers/README.md)); their fragmentation uses",
               "the same peak live. Their ns/op is the H200 host's, not comparable with ours.", ""]
     with open(os.path.join(a.out, "benchmarks.md"), "w") as f:
-        f.write("\n".join(lines + edges[1:] + [""] + sections))
+        f.write("\n".join(lines + sum((o[1:] + [""] for o in options.values()), []) + sections))
     # The README's Figures section: the summary, between its markers.
     readme = os.path.join(ROOT, "README.md")
     if os.path.abspath(a.out) == os.path.join(ROOT, "docs") and os.path.exists(readme):

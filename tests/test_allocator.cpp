@@ -1028,3 +1028,65 @@ TEST_CASE("stitch edges: a closing edge instead of the last piece's tail; after 
   }
   gmlake_test::check_released(a);
 }
+
+TEST_CASE("append: a request larger than a cached stitched block maps only the missing chunks after it") {
+  // Chunks of one slot: X1 Y1 X2 Y2 Z; X1 and X2 stitched into S (2C), S freed and
+  // cached, Z freed. A 3C request is S with Z appended: one map, one set access, no
+  // new reservation, no new memory; Z's bytes are the block's last C.
+  for (const std::size_t room : {std::size_t{1}, std::size_t{0}}) {
+    CAPTURE(room);
+    auto o = opts();
+    o.append_room = room;
+    gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), o, one_slot());
+    void* x1 = a.allocate(C);
+    void* y1 = a.allocate(C);
+    void* x2 = a.allocate(C);
+    void* y2 = a.allocate(C);
+    void* z = a.allocate(C);
+    a.deallocate(x1);
+    a.deallocate(x2);
+    void* s = a.allocate(2 * C);
+    a.deallocate(s);
+    a.deallocate(z);
+    fill(y1, C, 1);
+    fill(y2, C, 2);
+    const auto s0 = a.stats();
+    auto* t = static_cast<unsigned char*>(a.allocate(3 * C));
+    const auto s1 = a.stats();
+    REQUIRE(t != nullptr);
+    const auto calls = [](const gmlake::statistics& st, call c) { return st.calls[static_cast<std::size_t>(c)]; };
+    CHECK(s1.reserved_bytes.current == s0.reserved_bytes.current);
+    CHECK(fit(s1, fit_state::s3_stitch) == fit(s0, fit_state::s3_stitch) + 1);
+    if (room != 0) {
+      CHECK(t == s);
+      CHECK(s1.cached_stitch_appends == s0.cached_stitch_appends + 1);
+      CHECK(calls(s1, call::reserve) == calls(s0, call::reserve));
+      CHECK(calls(s1, call::map) == calls(s0, call::map) + 1);
+      CHECK(calls(s1, call::set_access) == calls(s0, call::set_access) + 1);
+      CHECK(s1.stitched_blocks.current == 1);
+      fill(t, 3 * C, 7);
+      // The block's parts, through the chunks' own addresses: X1 and X2 (in the
+      // planner's order), then Z.
+      CHECK(((holds(x1, C, 7) && holds(x2, C, 7, C / 64)) || (holds(x2, C, 7) && holds(x1, C, 7, C / 64))));
+      CHECK(holds(z, C, 7, 2 * C / 64));
+    } else {  // no room: stitched anew, three chunks mapped into a new reservation
+      CHECK(s1.cached_stitch_appends == 0);
+      CHECK(calls(s1, call::reserve) == calls(s0, call::reserve) + 1);
+      CHECK(calls(s1, call::map) == calls(s0, call::map) + 3);
+      CHECK(s1.stitched_blocks.current == 2);
+    }
+    CHECK(holds(y1, C, 1));
+    CHECK(holds(y2, C, 2));
+    CHECK(a.check_invariants());
+    a.deallocate(t);
+    // Freed, the appended block serves 3C again with no backend call.
+    const auto s2 = a.stats();
+    void* again = a.allocate(3 * C);
+    CHECK(again == t);
+    CHECK(a.stats().calls == s2.calls);
+    a.deallocate(again);
+    a.deallocate(y1);
+    a.deallocate(y2);
+    gmlake_test::check_released(a);
+  }
+}

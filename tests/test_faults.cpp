@@ -183,6 +183,8 @@ void scenario(driver& d) {
   d.alloc(25, 4 * C);  // S1 on the cache, repaired: X's chunk in place of the taken one
   d.free(25);
   d.free(24);
+  d.alloc(26, 6 * C);  // S3 on the cache, appended: the cached block and 2C of free chunks after it
+  d.free(26);
   // E F G H; E and G freed; a second stitch pushes the first out of the cache (LRU).
   for (int i = 14; i < 18; ++i) d.alloc(i, 2 * C);
   d.free(14);
@@ -367,6 +369,7 @@ TEST_CASE("faults: the scenario covers every path it claims to") {
   CHECK(fit(gmlake::fit_state::s4_shortfall) > 0);
   CHECK(s.cached_stitch_hits > 0);
   CHECK(s.cached_stitch_repairs > 0);
+  CHECK(s.cached_stitch_appends > 0);
   CHECK(s.evictions > 0);
   CHECK(s.calls[static_cast<std::size_t>(call::record)] > 0);
   CHECK(o.reported == 0);

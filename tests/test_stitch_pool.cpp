@@ -4,7 +4,9 @@
 #include <doctest/doctest.h>
 
 #include <cstddef>
+#include <array>
 #include <cstdint>
+#include <numeric>
 #include <vector>
 
 #include "gmlake/backend/counting.hpp"
@@ -208,6 +210,10 @@ struct taken_block {
 };
 
 std::uint64_t calls(bench& b, call c) { return b.backend.counts().calls_of(c); }
+std::uint64_t all_calls(bench& b) {
+  const auto& c = b.backend.counts().calls;
+  return std::accumulate(c.begin(), c.end(), std::uint64_t{0});
+}
 
 } // namespace
 
@@ -284,4 +290,95 @@ TEST_CASE("stitch pool: repair by several smaller chunks; not at a piece's edge"
     t.give_back();
   }
   CHECK(b.sound());
+}
+
+TEST_CASE("stitch pool: append maps chunks after a cached block, in its reservation's room, then claims") {
+  bench b;
+  const detail::stitch_piece pieces[] = {{b.base + K, K}, {b.base + 3 * K, K}};
+  detail::stitch_block* x = b.pool.build(pieces, 1);
+  REQUIRE(x != nullptr);
+  CHECK(x->mapped == 2 * K);
+  CHECK(x->reserved == 4 * K);
+  REQUIRE(b.pool.claim(*x, 2 * K, 2 * K, 0));
+  b.pool.release(*x, b.streams.on_free(0));
+  CHECK(b.pool.reuse(3 * K, 3 * K, 0, 8) == nullptr);  // too small as it is
+  CHECK(b.pool.appendable(4 * K + S, 0, 8, 512, S) == nullptr);  // more than its room
+  REQUIRE(b.pool.appendable(3 * K, 0, 8, 512, S) == x);
+  const auto reserves = calls(b, call::reserve), maps = calls(b, call::map), access = calls(b, call::set_access);
+  const std::uintptr_t pointer = x->pointer;
+  const detail::stitch_piece more[] = {{b.base + 5 * K, K}};
+  REQUIRE(b.pool.append(*x, more));
+  CHECK(calls(b, call::reserve) == reserves);  // no new reservation
+  CHECK(calls(b, call::map) == maps + 1);      // only the appended chunk
+  CHECK(calls(b, call::set_access) == access + 1);
+  CHECK(x->pointer == pointer);
+  CHECK(x->mapped == 3 * K);
+  CHECK(x->capacity == 3 * K);
+  CHECK(x->cached);
+  CHECK(b.pool.cached_bytes() == 3 * K);
+  CHECK(b.held.mapped.current == static_cast<std::int64_t>(8 * K + 3 * K));
+  CHECK(b.large.slot_of(b.base + 5 * K).stitch_refs == 1);
+  CHECK(b.sound());
+  CHECK(b.pool.reuse(3 * K, 3 * K, 0, 8) == x);
+  CHECK(b.sound());
+  b.pool.release(*x, b.streams.on_free(0));
+  // The room left is one chunk: two do not fit, and nothing is called.
+  const detail::stitch_piece two_more[] = {{b.base + 6 * K, K}, {b.base + 7 * K, K}};
+  const auto maps2 = calls(b, call::map);
+  CHECK(!b.pool.append(*x, two_more));
+  CHECK(calls(b, call::map) == maps2);
+  CHECK(x->capacity == 3 * K);
+  CHECK(x->cached);
+  CHECK(b.sound());
+}
+
+TEST_CASE("stitch pool: appendable: no room, a used chunk under it, or its last chunk's rest used") {
+  bench b;
+  SUBCASE("built with no room") {
+    detail::stitch_block* x = b.two(1, 3);  // room 0
+    REQUIRE(x != nullptr);
+    REQUIRE(b.pool.claim(*x, 2 * K, 2 * K, 0));
+    b.pool.release(*x, b.streams.on_free(0));
+    CHECK(x->reserved == x->mapped);
+    CHECK(b.pool.appendable(2 * K + S, 0, 8, 512, S) == nullptr);
+  }
+  SUBCASE("the last piece takes the free rest of its chunk, with no call; not a used rest") {
+    const detail::stitch_piece pieces[] = {{b.base + K, K}, {b.base + 3 * K, S}};  // one slot of chunk 3
+    detail::stitch_block* x = b.pool.build(pieces, 1);
+    REQUIRE(x != nullptr);
+    REQUIRE(b.pool.claim(*x, K + S, K + S, 0));
+    b.pool.release(*x, b.streams.on_free(0));
+    const auto all = all_calls(b);
+    REQUIRE(b.pool.appendable(2 * K, 0, 8, 512, S) == x);
+    CHECK(all_calls(b) == all);
+    CHECK(x->capacity == 2 * K);
+    CHECK(x->pieces.back().size == K);
+    CHECK(b.sound());
+    REQUIRE(b.pool.claim(*x, 2 * K, 2 * K, 0));
+    b.pool.release(*x, b.streams.on_free(0));
+    // Another block whose last chunk's rest is in use: not appendable.
+    const detail::stitch_piece p2[] = {{b.base + 5 * K, K}, {b.base + 6 * K, S}};
+    detail::stitch_block* y = b.pool.build(p2, 1);
+    REQUIRE(y != nullptr);
+    REQUIRE(b.pool.claim(*y, K + S, K + S, 0));
+    b.pool.release(*y, b.streams.on_free(0));
+    REQUIRE(b.nodes.reserve(2));
+    detail::range& u = b.large.carve(b.large.holding(b.base + 6 * K + 2 * S), b.base + 6 * K + 2 * S, S);
+    CHECK(b.pool.appendable(K + 2 * S, 0, 8, 512, S) == nullptr);  // y is passed over (x holds that already)
+    CHECK(y->capacity == K + S);
+    b.large.release(u, b.streams.on_free(0));
+    CHECK(b.sound());
+  }
+  SUBCASE("a chunk under it taken since") {
+    detail::stitch_block* x = b.pool.build(std::array{detail::stitch_piece{b.base + K, K}}, 1);
+    REQUIRE(x != nullptr);
+    REQUIRE(b.pool.claim(*x, K, K, 0));
+    b.pool.release(*x, b.streams.on_free(0));
+    REQUIRE(b.nodes.reserve(2));
+    detail::range& u = b.large.carve(b.large.holding(b.base + K), b.base + K, S);
+    CHECK(b.pool.appendable(2 * K, 0, 8, 512, S) == nullptr);
+    b.large.release(u, b.streams.on_free(0));
+    CHECK(b.pool.appendable(2 * K, 0, 8, 512, S) == x);
+    CHECK(b.sound());
+  }
 }

@@ -11,7 +11,8 @@
 //    larger ones to the large arena, where stitching happens;
 //  - BestFit: S1 exact free range or cached stitched block (repaired if a few of its
 //    chunks were taken since), S2 split a larger one,
-//    S3 stitch free pieces, S4 create only the shortfall (or a new segment when the
+//    S3 stitch free pieces (or map them after a smaller cached stitched block whose
+//    pieces are free), S4 create only the shortfall (or a new segment when the
 //    stitch policy says so), S5 release the cache, retry, then fail;
 //  - failure leaves the state as before the call; nothing is leaked: an undo that
 //    fails itself (an unmap, release or address free) is quarantined, never handed
@@ -66,6 +67,10 @@ struct options {
   /// Chunks of a cached stitched block that may be replaced so that it serves a
   /// request (its other chunks free); 0: never. At most 8.
   std::size_t repair_chunks = 4;
+  /// Room each stitched block's reservation leaves past its mapping, in multiples
+  /// of the mapping's bytes: a larger request may append chunks to a cached block
+  /// there instead of stitching anew. 0: none (never appended). At most 16.
+  std::size_t append_room = 1;
   /// Called on misuse (double or foreign free) with a message, after the allocator's
   /// lock is released (the hook may call the allocator); nullptr: abort with the
   /// message when GMLAKE_DEBUG >= 1, ignore otherwise.
@@ -374,6 +379,19 @@ class basic_allocator {
         ++stats_.cached_stitch_repairs;
         return reinterpret_cast<void*>(b->pointer);
       }
+      if (stitch_block* b = appendable(size, s, alignment)) {  // S3 on the cache, appended
+        if (b->capacity >= size) {  // its last chunk's rest was enough
+          if (pool_.claim(*b, size, requested, s)) {
+            on_allocated(requested, size, fit_state::s1_exact);
+            ++stats_.cached_stitch_hits;
+            return reinterpret_cast<void*>(b->pointer);
+          }
+        } else {
+          stitch_planner more(slot_, stitch_.edge_min(), large_.ends(), true);
+          if (plan_stitch(more, size - b->capacity, s, false, b) && more.fresh() == 0)
+            if (void* p = append(more.pieces(), *b, size, requested, s)) return p;
+        }
+      }
       stitch_planner plan(slot_, stitch_.edge_min(), large_.ends(), chunk_start);
       if (plan_stitch(plan, size, s, false) && plan.fresh() == 0)
         if (void* p = stitch(plan, size, requested, s, alignment)) return p;  // S3
@@ -452,16 +470,42 @@ class basic_allocator {
     stats_.allocations.add(1);
   }
 
-  /// Offers the large arena's usable free ranges to the planner, largest first, and
-  /// plans a stitch of `size` bytes (with new chunks for the rest if `shortfall`).
-  bool plan_stitch(stitch_planner& plan, std::size_t size, std::uint32_t s, bool shortfall) noexcept {
+  /// Offers the large arena's usable free ranges to the planner, largest first
+  /// (none under the pieces of `besides`, a block to append to), and plans a stitch
+  /// of `size` bytes (with new chunks for the rest if `shortfall`).
+  bool plan_stitch(stitch_planner& plan, std::size_t size, std::uint32_t s, bool shortfall,
+                   const stitch_block* besides = nullptr) noexcept {
     const usable_on usable{&streams_, s};
+    const auto under_besides = [&](const range& r) {
+      if (besides != nullptr)
+        for (const auto& p : besides->pieces)
+          if (p.addr < r.end() && r.addr < p.end()) return true;
+      return false;
+    };
     large_.for_each_free_largest([&](const range& r) {
       if (plan.full()) return false;
-      if (usable(r)) plan.offer(large_.source_of(r));
+      if (usable(r) && !under_besides(r)) plan.offer(large_.source_of(r));
       return true;
     });
     return plan.plan(stitch_, size, shortfall);
+  }
+
+  /// A cached stitched block that a request of `size` bytes can use with chunks
+  /// appended to it, or nullptr.
+  stitch_block* appendable(std::size_t size, std::uint32_t s, std::size_t alignment) noexcept {
+    if (opt_.append_room == 0) return nullptr;
+    return pool_.appendable(size, s, opt_.cached_scan, alignment, slot_);
+  }
+
+  /// S3 on a cached block, appended: has the pool map `pieces` (free, from a chunk
+  /// boundary) after b's and claim the request's prefix.
+  void* append(std::span<const detail::stitch_piece> pieces, stitch_block& b, std::size_t size,
+               std::size_t requested, std::uint32_t s) noexcept {
+    if (!pool_.append(b, pieces)) return nullptr;
+    ++stats_.cached_stitch_appends;
+    if (!pool_.claim(b, size, requested, s)) return nullptr;  // stays cached, appended
+    on_allocated(requested, size, fit_state::s3_stitch);
+    return reinterpret_cast<void*>(b.pointer);
   }
 
   /// S3 (or S4 when the plan needs new bytes): creates the new chunks, then has the
@@ -474,7 +518,7 @@ class basic_allocator {
       if (!large_.grow(plan.fresh(), 0, fresh, growth(false))) return nullptr;
       pieces = plan.add_fresh(fresh);
     }
-    stitch_block* b = pool_.build(pieces);
+    stitch_block* b = pool_.build(pieces, opt_.append_room);
     if (b == nullptr) return nullptr;
     if (b->pointer % alignment != 0 || !pool_.claim(*b, size, requested, s)) {
       // Not aligned (a reservation aligned to less than the slot), or

@@ -65,6 +65,7 @@ struct statistics {
   std::array<std::uint64_t, call_count> call_failures{};  ///< of those, the ones that failed
   std::uint64_t cached_stitch_hits = 0;  ///< S1 served by a cached stitched block
   std::uint64_t cached_stitch_repairs = 0;  ///< of those, after some of its chunks were replaced
+  std::uint64_t cached_stitch_appends = 0;  ///< cached stitched blocks that chunks were appended to
   std::uint64_t evictions = 0;           ///< stitched blocks released by the eviction policy
   std::uint64_t num_alloc_retries = 0;   ///< requests that released cache and retried
   std::uint64_t num_ooms = 0;            ///< requests that failed

@@ -220,6 +220,48 @@ TEST_CASE("a cached stitched block with a taken chunk is repaired: a kernel writ
   gmlake_test::check_released(a);
 }
 
+TEST_CASE("append: a kernel writes through a cached stitched block with a chunk appended") {
+  const std::size_t C = device_granularity();
+  gmlake::allocator<cuda_vmm> a(cuda_vmm(0, 64 * C), test_options());
+  const two_apart t(a, C, true);
+  void *x1 = t.x1, *x2 = t.x2, *spare = t.spare;
+  void* s = a.allocate(2 * C);  // x1 and x2 stitched
+  REQUIRE(gmlake_gpu::fill(s, 2 * C, 6, nullptr) == cudaSuccess);
+  a.deallocate(s, 2 * C);       // cached
+  a.deallocate(spare, C);       // a free chunk elsewhere
+  REQUIRE(gmlake_gpu::fill(t.y1, C, 7, nullptr) == cudaSuccess);
+  const auto before = a.stats();
+  void* more = a.allocate(3 * C);  // the cached block with the spare's chunk after it
+  const auto after = a.stats();
+  CHECK(more == s);
+  CHECK(after.cached_stitch_appends == before.cached_stitch_appends + 1);
+  const auto calls = [&](const gmlake::statistics& st, gmlake::call c) { return st.calls[static_cast<std::size_t>(c)]; };
+  CHECK(calls(after, gmlake::call::map) == calls(before, gmlake::call::map) + 1);
+  CHECK(calls(after, gmlake::call::set_access) == calls(before, gmlake::call::set_access) + 1);
+  CHECK(calls(after, gmlake::call::reserve) == calls(before, gmlake::call::reserve));
+  CHECK(after.reserved_bytes.current == before.reserved_bytes.current);
+  REQUIRE(gmlake_gpu::fill(more, 3 * C, 45, nullptr) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(gmlake_gpu::mismatches(more, 3 * C, 45, nullptr) == 0);
+  CHECK(gmlake_gpu::mismatches(t.y1, C, 7, nullptr) == 0);  // its neighbours untouched
+  // Its three parts, read through the chunks' own mappings: x1 and x2 (in the
+  // planner's order), then the spare.
+  auto* b = static_cast<const char*>(more);
+  const auto same = [&](const void* at, const char* part, std::size_t n) {
+    std::vector<unsigned char> x(n), y(n);
+    REQUIRE(cudaMemcpy(x.data(), at, n, cudaMemcpyDeviceToHost) == cudaSuccess);
+    REQUIRE(cudaMemcpy(y.data(), part, n, cudaMemcpyDeviceToHost) == cudaSuccess);
+    return x == y;
+  };
+  CHECK(((same(x1, b, C) && same(x2, b + C, C)) || (same(x2, b, C) && same(x1, b + C, C))));
+  CHECK(same(spare, b + 2 * C, C));
+  CHECK(a.check_invariants());
+  a.deallocate(more, 3 * C);
+  a.deallocate(t.y1, C);
+  a.deallocate(t.y2, C);
+  gmlake_test::check_released(a);
+}
+
 TEST_CASE("stitch edges: a kernel writes through a block that opens and closes inside partly used chunks") {
   // Chunks of 4 granules: H1 = [used | free 2C], H2 used, H3 free, H4 used,
   // H5 = [free 2C | used]. An 8C request is H1's free end, H3 and H5's free start.

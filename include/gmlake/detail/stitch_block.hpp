@@ -4,7 +4,8 @@
 // A stitched block owns no physical memory: its pieces are ranges of the large
 // arena, mapped again here in order. In use, it holds the arena ranges covering
 // the prefix the caller asked for; cached (inactive), it holds none, and can be
-// used again while its pieces are free.
+// used again while its pieces are free, or, by a larger request, with chunks
+// appended in the room its reservation leaves past its mapping.
 #pragma once
 
 #include <cstddef>
@@ -33,7 +34,8 @@ struct stitch_block : bi::set_base_hook<bi::tag<by_pointer_tag>, link_mode>,
                       bi::set_base_hook<bi::tag<by_capacity_tag>, link_mode>,
                       bi::list_base_hook<bi::tag<lru_tag>, link_mode> {
   std::uintptr_t va = 0;        ///< the reservation
-  std::size_t mapped = 0;       ///< bytes reserved and mapped (whole chunks)
+  std::size_t mapped = 0;       ///< bytes mapped from va (whole chunks)
+  std::size_t reserved = 0;     ///< bytes reserved from va: mapped, then room to append chunks
   std::uintptr_t pointer = 0;   ///< what the caller gets: va + the first piece's offset
   std::size_t capacity = 0;     ///< sum of piece sizes
   std::vector<stitch_piece> pieces;

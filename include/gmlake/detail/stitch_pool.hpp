@@ -12,7 +12,10 @@
 // A cached block whose pieces were partly taken since can be repaired instead of
 // stitched anew: each chunk under its prefix that is no longer free is unmapped
 // from it and free chunks of the same bytes are mapped in its place, so that only
-// those chunks cost driver calls (repair()).
+// those chunks cost driver calls (repair()). A cached block whose pieces are all
+// free can serve a larger request once free chunks are mapped after it, in the room
+// its reservation leaves past its mapping (appendable(), append()): only those
+// chunks cost driver calls.
 //
 // A block whose unmap or address free fails (in a rollback, or when it is given
 // up on) is not forgotten: it goes to a quarantine list, its pieces' chunks stay
@@ -82,7 +85,7 @@ class stitch_pool {
         for (const auto& p : b.pieces) large_.pin(p.addr, p.end(), -1);
         b.pending_unmap = 0;
       }
-      if (retry([&] { return backend_.address_free(b.va, b.mapped); }, attempts) != errc::ok) {
+      if (retry([&] { return backend_.address_free(b.va, b.reserved); }, attempts) != errc::ok) {
         ++held_.failed_cleanups;
         continue;
       }
@@ -93,7 +96,7 @@ class stitch_pool {
   /// Virtual bytes of the quarantined blocks' reservations.
   [[nodiscard]] std::size_t quarantined_bytes() const noexcept {
     std::size_t n = 0;
-    for (const stitch_block& b : quarantine_) n += b.mapped;
+    for (const stitch_block& b : quarantine_) n += b.reserved;
     return n;
   }
 
@@ -114,11 +117,13 @@ class stitch_pool {
 
   // ------------------------------------------------------------ build and claim
 
-  /// Maps the pieces side by side into a new reservation. Returns the new block,
+  /// Maps the pieces side by side into a new reservation, which leaves room for
+  /// `room` x their bytes to be appended later (append()). Returns the new block,
   /// neither in use nor cached, or nullptr (nothing changed).
-  [[nodiscard]] stitch_block* build(std::span<const stitch_piece> pieces) noexcept {
+  [[nodiscard]] stitch_block* build(std::span<const stitch_piece> pieces, std::size_t room = 0) noexcept {
     std::size_t mapped = 0;
     for (const auto& p : pieces) mapped += span_bytes(p);
+    const std::size_t reserved = room <= max_room ? mapped * (1 + room) : mapped;
     auto* b = new (std::nothrow) stitch_block;
     if (b == nullptr) return nullptr;
     try {
@@ -128,7 +133,7 @@ class stitch_pool {
       delete b;
       return nullptr;
     }
-    auto va = backend_.reserve(mapped);
+    auto va = backend_.reserve(reserved);
     if (!va) {
       delete b;
       return nullptr;
@@ -146,13 +151,14 @@ class stitch_pool {
     if (failure == errc::ok) failure = backend_.set_access(va.value, mapped);
     if (failure != errc::ok) {  // roll back; what cannot be undone now is quarantined
       const errc u = done > 0 ? backend_.unmap(va.value, done) : errc::ok;  // one call over every mapped chunk
-      if (u == errc::ok && backend_.address_free(va.value, mapped) == errc::ok) {
+      if (u == errc::ok && backend_.address_free(va.value, reserved) == errc::ok) {
         delete b;
         return nullptr;
       }
       ++held_.failed_cleanups;
       b->va = va.value;
       b->mapped = mapped;
+      b->reserved = reserved;
       b->pending_unmap = u == errc::ok ? 0 : done;
       b->pending_free = true;
       if (b->pending_unmap != 0)
@@ -166,6 +172,7 @@ class stitch_pool {
     }
     b->va = va.value;
     b->mapped = mapped;
+    b->reserved = reserved;
     b->pointer = va.value + (pieces.front().addr - large_.chunk_floor(pieces.front().addr));
     by_pointer_.insert(*b);
     held_.stitched.add(1);
@@ -176,16 +183,9 @@ class stitch_pool {
   /// Claims the arena ranges under b's first `size` bytes, if all are free and
   /// usable on stream s; b is then in use (and out of the cache).
   [[nodiscard]] bool claim(stitch_block& b, std::size_t size, std::size_t requested, std::uint32_t s) noexcept {
-    std::size_t left = size, k = 0;
-    for (; left > 0 && k < b.pieces.size(); ++k) {
-      const auto& p = b.pieces[k];
-      const std::size_t len = left < p.size ? left : p.size;
-      range& r = large_.holding(p.addr);
-      if (!r.is_free() || p.addr + len > r.end() || !streams_.usable(r.tag, s)) return false;
-      left -= len;
-    }
-    if (left > 0 || !nodes_.reserve(2 * k)) return false;
-    left = size;
+    const std::size_t k = claimable(b, size, s);
+    if (k == 0 || !nodes_.reserve(2 * k)) return false;
+    std::size_t left = size;
     for (std::size_t i = 0; i < k; ++i) {
       const auto& p = b.pieces[i];
       const std::size_t len = left < p.size ? left : p.size;
@@ -213,6 +213,94 @@ class stitch_pool {
       if (b.pointer % alignment == 0 && claim(b, size, requested, s)) return &b;
     }
     return nullptr;
+  }
+
+  /// A cached block that a request of `size` bytes, more than it holds, can use
+  /// once chunks are appended to it: of the `scan` largest cached blocks of fewer
+  /// bytes (pointer aligned to `alignment`), the largest whose pieces are all free
+  /// on stream s, whose last piece ends at its chunk's end (or can: the rest of
+  /// that chunk is free there, and the piece takes it), and whose reservation leaves
+  /// room for the rest (rounded up to whole slots of `slot` bytes; the appended
+  /// chunks may be larger). Or nullptr. The block returned may hold `size` bytes.
+  [[nodiscard]] stitch_block* appendable(std::size_t size, std::uint32_t s, std::size_t scan, std::size_t alignment,
+                                         std::size_t slot) noexcept {
+    if (hold_) return nullptr;
+    auto it = cache_.lower_bound(size, stitch_capacity_less{});
+    for (std::size_t n = 0; it != cache_.begin() && n < scan; ++n) {
+      stitch_block& b = *--it;
+      if (b.capacity == 0 || b.pointer % alignment != 0) continue;
+      const stitch_piece& last = b.pieces.back();
+      const std::size_t rest = large_.chunk_end(last.end() - 1) - last.end();  // of its chunk, after it
+      if (rest != 0) {
+        const range& r = large_.holding(last.end());
+        if (!r.is_free() || r.end() < last.end() + rest || !streams_.usable(r.tag, s)) continue;
+        const auto under = [&](const stitch_piece& p) { return p.addr < last.end() + rest && last.end() < p.end(); };
+        if (std::any_of(b.pieces.begin(), b.pieces.end() - 1, under)) continue;  // its first piece, say
+      }
+      if (b.reserved - b.mapped < round_up(size - std::min(size, b.capacity + rest), slot)) continue;
+      if (claimable(b, b.capacity, s) == 0) continue;
+      if (rest != 0) {  // the piece takes the rest of its chunk: mapped in b already
+        uncache(b);
+        b.pieces.back().size += rest;
+        b.capacity += rest;
+        cache(b);
+      }
+      return &b;
+    }
+    return nullptr;
+  }
+
+  /// Maps `pieces` (each from a chunk boundary, the last ending at its chunk's end or
+  /// inside it, none under b) after cached block b's mapping, in the room its
+  /// reservation leaves, and makes them accessible: the block then holds their bytes
+  /// too. False if they do not fit the room or a call fails: b is then as it was,
+  /// still cached, or, if the undo fails too, quarantined.
+  [[nodiscard]] bool append(stitch_block& b, std::span<const stitch_piece> pieces) noexcept {
+    std::size_t bytes = 0;
+    for (const auto& p : pieces) bytes += span_bytes(p);
+    if (bytes == 0 || bytes > b.reserved - b.mapped) return false;
+    try {
+      b.pieces.reserve(b.pieces.size() + pieces.size());
+      b.claimed.reserve(b.pieces.size() + pieces.size());
+    } catch (...) {
+      return false;
+    }
+    const std::uintptr_t at = b.va + b.mapped;
+    std::size_t done = 0;
+    errc failure = errc::ok;
+    for (const auto& p : pieces) {
+      large_.for_each_chunk(p.addr, p.end(), [&](std::uintptr_t, std::size_t n, const auto& chunk) {
+        if (failure != errc::ok) return;
+        failure = backend_.map(at + done, n, chunk);
+        if (failure == errc::ok) done += n;
+      });
+      if (failure != errc::ok) break;
+    }
+    if (failure == errc::ok) failure = backend_.set_access(at, bytes);
+    uncache(b);  // its capacity changes, or it is given up on
+    if (failure != errc::ok && (done == 0 || backend_.unmap(at, done) == errc::ok)) {
+      cache(b);  // undone: as it was
+      return false;
+    }
+    for (const auto& p : pieces) {  // the appended chunks (or, undo failed, those that may stay mapped)
+      large_.pin(p.addr, p.end(), 1);
+      b.pieces.push_back(p);
+      b.claimed.push_back(nullptr);
+    }
+    if (failure != errc::ok) {
+      ++held_.failed_cleanups;
+      drop(b);
+      b.mapped += done;
+      b.pending_unmap = b.mapped;
+      b.pending_free = true;
+      keep(b);
+      return false;
+    }
+    for (const auto& p : pieces) b.capacity += p.size;
+    b.mapped += bytes;
+    held_.mapped.add(static_cast<std::int64_t>(bytes));
+    cache(b);
+    return true;
   }
 
   /// S1 on the cache, repaired: of the `scan` smallest cached blocks of at least
@@ -371,6 +459,7 @@ class stitch_pool {
   }
 
  private:
+  static constexpr std::size_t max_room = 16;         // room to append, in mappings' bytes, at most
   static constexpr std::size_t repair_max = 8;        // chunks replaced per repair at most
   static constexpr std::size_t repair_fresh_max = 4;  // free chunks that replace one at most
   static constexpr std::size_t repair_candidates = 64;
@@ -528,6 +617,20 @@ class stitch_pool {
     }
   }
 
+  /// How many of b's pieces hold its first `size` bytes, if those are all free and
+  /// usable on stream s; 0 if not.
+  [[nodiscard]] std::size_t claimable(const stitch_block& b, std::size_t size, std::uint32_t s) noexcept {
+    std::size_t left = size, k = 0;
+    for (; left > 0 && k < b.pieces.size(); ++k) {
+      const auto& p = b.pieces[k];
+      const std::size_t len = left < p.size ? left : p.size;
+      const range& r = large_.holding(p.addr);
+      if (!r.is_free() || p.addr + len > r.end() || !streams_.usable(r.tag, s)) return 0;
+      left -= len;
+    }
+    return left > 0 ? 0 : k;
+  }
+
   /// Bytes of the chunks that hold piece p (what a stitch maps for it).
   [[nodiscard]] std::size_t span_bytes(const stitch_piece& p) const noexcept {
     return large_.chunk_end(p.end() - 1) - large_.chunk_floor(p.addr);
@@ -574,7 +677,7 @@ class stitch_pool {
       ++held_.failed_cleanups;
       if (!force) return false;  // stays as it is (cached): retried later
     }
-    const bool freed = retry([&] { return backend_.address_free(b.va, b.mapped); }, force ? close_attempts : 1) == errc::ok;
+    const bool freed = retry([&] { return backend_.address_free(b.va, b.reserved); }, force ? close_attempts : 1) == errc::ok;
     for (const auto& p : b.pieces) large_.pin(p.addr, p.end(), -1);
     if (b.cached) uncache(b);
     if (b.in_use) {
