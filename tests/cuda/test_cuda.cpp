@@ -70,6 +70,16 @@ struct stream_pair {
 
 CUstream cu(cudaStream_t s) { return reinterpret_cast<CUstream>(s); }
 
+/// Do n device bytes at `at` and at `part` (two mappings) read the same?
+bool same(const void* at, const void* part, std::size_t n) {
+  std::vector<unsigned char> x(n), y(n);
+  REQUIRE(cudaMemcpy(x.data(), at, n, cudaMemcpyDeviceToHost) == cudaSuccess);
+  REQUIRE(cudaMemcpy(y.data(), part, n, cudaMemcpyDeviceToHost) == cudaSuccess);
+  return x == y;
+}
+
+std::uint64_t calls(const gmlake::statistics& st, gmlake::call c) { return st.calls[static_cast<std::size_t>(c)]; }
+
 /// Four chunks in a row (and a `spare` fifth if asked); the 1st and 3rd freed: two
 /// free chunks apart.
 template <class A>
@@ -198,7 +208,6 @@ TEST_CASE("a cached stitched block with a taken chunk is repaired: a kernel writ
   const auto after = a.stats();
   CHECK(again == s);
   CHECK(after.cached_stitch_repairs == before.cached_stitch_repairs + 1);
-  const auto calls = [&](const gmlake::statistics& st, gmlake::call c) { return st.calls[static_cast<std::size_t>(c)]; };
   CHECK(calls(after, gmlake::call::unmap) == calls(before, gmlake::call::unmap) + 1);
   CHECK(calls(after, gmlake::call::map) == calls(before, gmlake::call::map) + 1);
   CHECK(calls(after, gmlake::call::reserve) == calls(before, gmlake::call::reserve));
@@ -235,7 +244,6 @@ TEST_CASE("append: a kernel writes through a cached stitched block with a chunk 
   const auto after = a.stats();
   CHECK(more == s);
   CHECK(after.cached_stitch_appends == before.cached_stitch_appends + 1);
-  const auto calls = [&](const gmlake::statistics& st, gmlake::call c) { return st.calls[static_cast<std::size_t>(c)]; };
   CHECK(calls(after, gmlake::call::map) == calls(before, gmlake::call::map) + 1);
   CHECK(calls(after, gmlake::call::set_access) == calls(before, gmlake::call::set_access) + 1);
   CHECK(calls(after, gmlake::call::reserve) == calls(before, gmlake::call::reserve));
@@ -247,12 +255,6 @@ TEST_CASE("append: a kernel writes through a cached stitched block with a chunk 
   // Its three parts, read through the chunks' own mappings: x1 and x2 (in the
   // planner's order), then the spare.
   auto* b = static_cast<const char*>(more);
-  const auto same = [&](const void* at, const char* part, std::size_t n) {
-    std::vector<unsigned char> x(n), y(n);
-    REQUIRE(cudaMemcpy(x.data(), at, n, cudaMemcpyDeviceToHost) == cudaSuccess);
-    REQUIRE(cudaMemcpy(y.data(), part, n, cudaMemcpyDeviceToHost) == cudaSuccess);
-    return x == y;
-  };
   CHECK(((same(x1, b, C) && same(x2, b + C, C)) || (same(x2, b, C) && same(x1, b + C, C))));
   CHECK(same(spare, b + 2 * C, C));
   CHECK(a.check_invariants());
@@ -295,12 +297,6 @@ TEST_CASE("stitch edges: a kernel writes through a block that opens and closes i
   CHECK(gmlake_gpu::mismatches(s, 8 * C, 44, nullptr) == 0);
   // Its three parts, read through the chunks' own mappings: H1's free end, H3, H5's free start.
   auto* b = static_cast<const char*>(s);
-  const auto same = [&](const void* at, const char* part, std::size_t n) {
-    std::vector<unsigned char> x(n), y(n);
-    REQUIRE(cudaMemcpy(x.data(), at, n, cudaMemcpyDeviceToHost) == cudaSuccess);
-    REQUIRE(cudaMemcpy(y.data(), part, n, cudaMemcpyDeviceToHost) == cudaSuccess);
-    return x == y;
-  };
   CHECK(same(static_cast<char*>(h[0]) + 2 * C, b, 2 * C));
   CHECK(same(h[2], b + 2 * C, 4 * C));
   CHECK(same(h[4], b + 6 * C, 2 * C));
