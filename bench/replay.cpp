@@ -181,7 +181,7 @@ struct outcome {
   std::uint64_t peak_live = 0, peak_reserved = 0, peak_mapped = 0, failed = 0;
   std::uint64_t calls = 0, creates_after_4 = 0, calls_after_4 = 0;
   double driver_us_per_iter_after_4 = 0, ns_per_op = 0;
-  std::uint64_t iters_after_4 = 0, stitches = 0, cached_hits = 0, repairs = 0, evictions = 0;
+  std::uint64_t iters_after_4 = 0, stitches = 0, cached_hits = 0, repairs = 0, evictions = 0, stream_waits = 0;
   std::array<std::uint64_t, gmlake::fit_state_count> fit{};
   gmlake::memory_breakdown at_peak{};  ///< where the bytes were when the peak reserved was reached
   std::uint64_t live_at_peak = 0;      ///< live (512 B rounded) then
@@ -308,6 +308,7 @@ outcome replay(const trace& t, const char* name, const knobs& k, Allocator& a) {
   o.cached_hits = st.cached_stitch_hits;
   o.repairs = st.cached_stitch_repairs;
   o.evictions = st.evictions;
+  o.stream_waits = st.stream_waits;
   o.stitches = static_cast<std::uint64_t>(st.stitched_blocks.allocated);
   if (seen4) {
     for (std::size_t c = 0; c < gmlake::call_count; ++c) {
@@ -481,7 +482,7 @@ int main(int argc, char** argv) {
                     "\"peak_reserved_bytes\":%llu,\"peak_mapped_bytes\":%llu,\"fragmentation\":%.6f,"
                     "\"backend_calls\":%llu,\"calls_after_4\":%llu,\"creates_after_4\":%llu,"
                     "\"driver_us_per_iter_after_4\":%.1f,\"ns_per_op\":%.1f,\"s1\":%llu,\"s2\":%llu,\"s3\":%llu,"
-                    "\"s4\":%llu,\"s5\":%llu,\"cached_stitch_hits\":%llu,\"cached_stitch_repairs\":%llu,\"stitched_blocks\":%llu,\"evictions\":%llu,"
+                    "\"s4\":%llu,\"s5\":%llu,\"cached_stitch_hits\":%llu,\"cached_stitch_repairs\":%llu,\"stitched_blocks\":%llu,\"evictions\":%llu,\"stream_waits\":%llu,"
                     "\"chunk_bytes\":%zu,\"iters_after_4\":%llu,\"at_peak\":{\"live\":%llu,\"requested\":%zu,\"active\":%zu,"
                     "\"small_reserved\":%zu,\"small_free\":%zu,\"large_reserved\":%zu,\"large_free_whole\":%zu,"
                     "\"large_free_partial\":%zu,\"free_pending\":%zu,\"cached_stitches\":%zu,\"cached_stitch_bytes\":%zu}}\n",
@@ -492,7 +493,8 @@ int main(int argc, char** argv) {
                     o.driver_us_per_iter_after_4, o.ns_per_op, (unsigned long long)o.fit[0],
                     (unsigned long long)o.fit[1], (unsigned long long)o.fit[2], (unsigned long long)o.fit[3],
                     (unsigned long long)o.fit[4], (unsigned long long)o.cached_hits, (unsigned long long)o.repairs,
-                    (unsigned long long)o.stitches, (unsigned long long)o.evictions, o.chunk, (unsigned long long)o.iters_after_4,
+                    (unsigned long long)o.stitches, (unsigned long long)o.evictions, (unsigned long long)o.stream_waits, o.chunk,
+                    (unsigned long long)o.iters_after_4,
                     (unsigned long long)o.live_at_peak, b.requested, b.active, b.small_reserved, b.small_free,
                     b.large_reserved, b.large_free_whole, b.large_free_partial, b.free_pending, b.cached_stitches,
                     b.cached_stitch_bytes);

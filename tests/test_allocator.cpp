@@ -843,6 +843,29 @@ TEST_CASE("lending to_small: a free large-arena chunk is released before the sma
   gmlake_test::check_released(a);
 }
 
+TEST_CASE("lending never waits: a small chunk still in use by queued work is lent once that work is done") {
+  gmlake::gmlake_allocator<simulated> a(simulated(cap, C), opts(), one_slot());
+  a.backend().set_auto_complete(false);  // work on a stream stays queued until complete()
+  void* small = a.allocate(kib);
+  a.deallocate(small);  // its chunk is free, but queued work may still use it
+  void* big = a.allocate(4 * C);  // past the peak: lending asks, does not wait, lends nothing
+  auto s = a.stats();
+  CHECK(s.stream_waits == 0);
+  CHECK(s.lent_bytes == 0);
+  CHECK(reserved(a) == static_cast<std::int64_t>(5 * C));
+  a.deallocate(big);
+  a.backend().complete(gmlake::host_stream{0});
+  void* bigger = a.allocate(6 * C);  // past the peak again: the work is done, the chunk is lent
+  s = a.stats();
+  CHECK(s.stream_waits == 0);
+  CHECK(s.lent_bytes == C);
+  CHECK(reserved(a) == static_cast<std::int64_t>(6 * C));
+  CHECK(a.check_invariants());
+  a.deallocate(bigger);
+  a.backend().complete(gmlake::host_stream{0});
+  gmlake_test::check_released(a);
+}
+
 namespace {
 
 /// Three chunks of 4 slots (max_chunk 4C): H1 = [p 1.5C used | 2.5C free],

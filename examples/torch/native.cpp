@@ -253,8 +253,8 @@ class native_allocator final : public cca::CUDAAllocator {
     r.active_bytes = q.active_bytes;
     r.requested_bytes = q.requested_bytes;
     r.num_ooms = q.num_ooms;
-    r.num_sync_all_streams = q.num_sync_all_streams;
     gmlake::statistics g = totals(d);
+    r.num_sync_all_streams = q.num_sync_all_streams + static_cast<std::int64_t>(g.stream_waits);
     r.num_alloc_retries = q.num_alloc_retries + static_cast<std::int64_t>(g.num_alloc_retries);
     sample_reserved(d);
     const auto agg = static_cast<std::size_t>(StatType::AGGREGATE);
@@ -636,6 +636,7 @@ class native_allocator final : public cca::CUDAAllocator {
       for (std::size_t i = 0; i < t.calls.size(); ++i) t.calls[i] += s.calls[i];
       t.cached_stitch_hits += s.cached_stitch_hits;
       t.evictions += s.evictions;
+      t.stream_waits += s.stream_waits;
       t.num_alloc_retries += s.num_alloc_retries;
       t.num_ooms += s.num_ooms;
       t.invalid_frees += s.invalid_frees;
@@ -1002,6 +1003,7 @@ pybind11::dict stats_dict(int device) {
     r[(std::string("gmlake.driver_calls.") + gmlake::call_names[i]).c_str()] = s.calls[i];
   r["gmlake.cached_stitch_hits"] = s.cached_stitch_hits;
   r["gmlake.evictions"] = s.evictions;
+  r["gmlake.stream_waits"] = s.stream_waits;
   r["gmlake.invalid_frees"] = s.invalid_frees;
   r["gmlake.lent_bytes"] = s.lent_bytes;
   r["gmlake.chunk_bytes"] = a.chunk_size(static_cast<DeviceIndex>(device));

@@ -185,6 +185,7 @@ class basic_allocator {
     s.quarantined_bytes = held_.quarantined;
     s.quarantined_stitches = held_.quarantined_stitches;
     s.failed_cleanups = held_.failed_cleanups;
+    s.stream_waits = streams_.waits();
     s.calls = driver_.counts().calls;
     s.call_failures = driver_.counts().failures;
     return s;
@@ -541,17 +542,20 @@ class basic_allocator {
 
   /// Before an arena grows past the peak reserved so far, the other one releases
   /// free chunks as the stitch policy's lending says, so that bytes move to where
-  /// they are needed instead of adding up.
+  /// they are needed instead of adding up. Only chunks whose stream work is done
+  /// now: it asks the streams (an event query) and never waits, since a wait here,
+  /// in the middle of a training step, would drain the device's queue; chunks still
+  /// in use by queued work are lent at a later growth.
   void lend_before_growth(bool small, std::size_t size) noexcept {
     if (capture_) return;
     const lending l = stitch_.lends();
     const std::int64_t now = held_.reserved.current, peak = held_.reserved.peak;
     if (small && l.to_small && now + static_cast<std::int64_t>(slot_) > peak) {
-      (void)streams_.wait_all();
+      streams_.poll_all();
       stats_.lent_bytes += large_.release_one_chunk(slot_, stitch_planner::max_candidates);
     }
     if (!small && l.to_large && now + static_cast<std::int64_t>(size) > peak && small_.free_count() != 0) {
-      (void)streams_.wait_all();
+      streams_.poll_all();
       small_.coalesce_all();
       stats_.lent_bytes += small_.release_free_chunks();
     }

@@ -72,6 +72,11 @@ struct statistics {
   std::uint64_t invalid_frees = 0;       ///< deallocate of a pointer not live here (ignored)
   std::uint64_t lent_bytes = 0;          ///< free chunk bytes released to let the other arena grow
   std::uint64_t failed_cleanups = 0;     ///< unmap, release, address_free calls that failed (kept and retried)
+  /// Times the host waited for a stream's work to finish (an event synchronize):
+  /// only in release_cached(), before out-of-memory (S5), before a cached stitched
+  /// block is unmapped, when host memory to track a new stream ran out, and in the
+  /// destructor. Each drains that stream's queue of work.
+  std::uint64_t stream_waits = 0;
 };
 
 /// One segment of the layout (basic_allocator::visit_layout): a chunk of an arena,

@@ -116,6 +116,9 @@ class stream_table {
     return e.has_mark && retire_mark(e) && known_done(t);  // a mark just recorded covers t
   }
 
+  /// Times the host waited for a stream's work (an event synchronize) so far.
+  [[nodiscard]] std::uint64_t waits() const noexcept { return waits_; }
+
   /// Waits until the work before tag t's free is done. False on a backend failure.
   [[nodiscard]] bool wait(stream_tag t) noexcept {
     if (known_done(t)) return true;
@@ -125,8 +128,27 @@ class stream_table {
       if (!record(e)) return false;
     }
     if (backend_.synchronize(e.event) != errc::ok) return false;
+    ++waits_;
     complete(e);
     return true;
+  }
+
+  /// Learns which frees are done now, on every stream, without waiting: queries the
+  /// pending event of each stream with frees not known done, and where none covers
+  /// its latest free records one after it and queries that. What is still running
+  /// stays pending; a later call asks again.
+  void poll_all() noexcept {
+    if (hold_) return;
+    for (entry& e : entries_) {
+      if (e.done >= e.freed) continue;
+      if (e.has_event) {
+        auto done = backend_.query(e.event);
+        if (done && done.value) complete(e);
+      }
+      if (e.done >= e.freed || (e.has_event && e.event_seq >= e.freed) || !record(e)) continue;
+      auto done = backend_.query(e.event);
+      if (done && done.value) complete(e);
+    }
   }
 
   /// While held, no event is recorded, queried or waited on: work on another stream
@@ -192,6 +214,7 @@ class stream_table {
   Backend& backend_;
   std::vector<entry> entries_;
   std::uint32_t last_ = 0;
+  std::uint64_t waits_ = 0;
   bool hold_ = false;
 };
 
