@@ -97,14 +97,28 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 # The before/after tables of docs/benchmarks.md: title, text, the runs compared
 # (files of bench/results; None: the run the section shows).
 COMPARISONS = [
+    ("Before and after: appending to cached stitched blocks, lending without waiting",
+     """gmlake's rows of the run above (commit f3e25a7: appending on, lending that never
+waits) and of the same command on the build before both (commit 6b1a5b4,
+`bench/results/h200-replay-edges.jsonl`). In between, the build with appending but
+still waiting before lending ran too (commit 79a48ea, `h200-replay-append.jsonl`):
+its fragmentation and device allocations are those of the run above on every trace.
+Only llama3b-dynbatch changes in memory (1.40 -> 1.05%, as in the host replay). The
+three runs were on different machine instances, the one above mostly the slowest:
+PyTorch default's ns/op on the same traces was 0.8 to 2.0 times that of the 79a48ea
+run (1.5 times or more on 8 of 17), and gmlake's driver time on gpt2m-dynseq, whose
+calls are the same in every build, 691 us against 447; compare fragmentation
+across runs, and time only within one run.
+""", "h200-replay-edges.jsonl", None),
     ("Before and after: stitch edges by default",
-     """gmlake's rows of the run above (stitch edges of 4 MiB, the default) and of the
-same command on the build before it, the same day (commit 617e10c, no edges;
+     """gmlake's rows of the run with stitch edges of 4 MiB, the default (commit 6b1a5b4,
+`bench/results/h200-replay-edges.jsonl`), and of the same command on the build
+before it, the same day (commit 617e10c, no edges;
 `bench/results/h200-replay-noedges.jsonl`: its run of the 14 traces and that of the
 three captures, `h200-replay-captures.jsonl`). The runs were on different machine
 instances: compare fragmentation, which does not depend on the machine, and time
 within one run.
-""", "h200-replay-noedges.jsonl", None),
+""", "h200-replay-noedges.jsonl", "h200-replay-edges.jsonl"),
     ("Before and after: repairing cached stitched blocks",
      """gmlake's rows of two runs of the same command on the H200, the same day: before,
 the build without repair (`bench/results/h200-replay-norepair.jsonl`); after, the
