@@ -369,6 +369,28 @@ TEST_CASE("stitch pool: appendable: no room, a used chunk under it, or its last 
     b.large.release(u, b.streams.on_free(0));
     CHECK(b.sound());
   }
+  SUBCASE("not when the rest of its last chunk is a separate free range (freed on another stream)") {
+    b.backend.parent().set_auto_complete(false);
+    std::uint32_t other = 0;
+    REQUIRE(b.streams.index_of(gmlake::host_stream{1}, other));
+    const detail::stitch_piece pieces[] = {{b.base + K, K}, {b.base + 3 * K, S}};
+    detail::stitch_block* x = b.pool.build(pieces, 1);
+    REQUIRE(x != nullptr);
+    REQUIRE(b.pool.claim(*x, K + S, K + S, 0));
+    REQUIRE(b.nodes.reserve(2));
+    detail::range& u = b.large.carve(b.large.holding(b.base + 3 * K + S), b.base + 3 * K + S, K - S);
+    const auto t1 = b.streams.on_free(other);
+    b.large.release(u, t1);
+    b.pool.release(*x, b.streams.on_free(0));  // both pending, on two streams: two free ranges in chunk 3
+    CHECK(&b.large.holding(b.base + 3 * K) != &b.large.holding(b.base + 3 * K + S));
+    CHECK(!b.streams.usable(t1, 0));  // records an event on stream 1
+    b.backend.parent().complete(gmlake::host_stream{1});
+    CHECK(b.streams.usable(t1, 0));  // the rest is usable now, but still a range of its own
+    CHECK(b.pool.appendable(2 * K, 0, 8, 512, S) == nullptr);
+    CHECK(x->capacity == K + S);
+    CHECK(b.sound());
+    b.backend.parent().complete_all();
+  }
   SUBCASE("a chunk under it taken since") {
     detail::stitch_block* x = b.pool.build(std::array{detail::stitch_piece{b.base + K, K}}, 1);
     REQUIRE(x != nullptr);

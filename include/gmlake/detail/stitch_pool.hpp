@@ -123,7 +123,7 @@ class stitch_pool {
   [[nodiscard]] stitch_block* build(std::span<const stitch_piece> pieces, std::size_t room = 0) noexcept {
     std::size_t mapped = 0;
     for (const auto& p : pieces) mapped += span_bytes(p);
-    const std::size_t reserved = room <= max_room ? mapped * (1 + room) : mapped;
+    const std::size_t reserved = mapped * (1 + std::min(room, max_room));
     auto* b = new (std::nothrow) stitch_block;
     if (b == nullptr) return nullptr;
     try {
@@ -231,8 +231,8 @@ class stitch_pool {
       if (b.capacity == 0 || b.pointer % alignment != 0) continue;
       const stitch_piece& last = b.pieces.back();
       const std::size_t rest = large_.chunk_end(last.end() - 1) - last.end();  // of its chunk, after it
-      if (rest != 0) {
-        const range& r = large_.holding(last.end());
+      if (rest != 0) {  // one free range from the piece's start to its chunk's end, as claim() needs
+        const range& r = large_.holding(last.addr);
         if (!r.is_free() || r.end() < last.end() + rest || !streams_.usable(r.tag, s)) continue;
         const auto under = [&](const stitch_piece& p) { return p.addr < last.end() + rest && last.end() < p.end(); };
         if (std::any_of(b.pieces.begin(), b.pieces.end() - 1, under)) continue;  // its first piece, say
@@ -254,7 +254,8 @@ class stitch_pool {
   /// inside it, none under b) after cached block b's mapping, in the room its
   /// reservation leaves, and makes them accessible: the block then holds their bytes
   /// too. False if they do not fit the room or a call fails: b is then as it was,
-  /// still cached, or, if the undo fails too, quarantined.
+  /// still cached, or, if the undo fails too, quarantined once the work before its
+  /// free is done (a wait, on that double failure only).
   [[nodiscard]] bool append(stitch_block& b, std::span<const stitch_piece> pieces) noexcept {
     std::size_t bytes = 0;
     for (const auto& p : pieces) bytes += span_bytes(p);
@@ -288,7 +289,10 @@ class stitch_pool {
       b.claimed.push_back(nullptr);
     }
     if (failure != errc::ok) {
+      // Given up on: its whole mapping is unmapped later, so the work before its
+      // free must be done first (it was usable on the stream, not known done).
       ++held_.failed_cleanups;
+      (void)streams_.wait(b.tag);
       drop(b);
       b.mapped += done;
       b.pending_unmap = b.mapped;
