@@ -199,6 +199,7 @@ struct outcome {
 struct knobs {
   gmlake::options opt;
   std::optional<std::size_t> max_chunk, floor, floor_divisor, big_growth, big_chunk, edges;
+  std::optional<std::size_t> small_divisor, small_cap;  ///< the small arena's growth
   bool no_lend = false, lend_to_small = false;
   std::string timeline_dir;  ///< write TRACE.CONFIG.csv (event, live, reserved) here
   std::size_t pieces = 0;    ///< 0: the policy's default cap on pieces per stitch
@@ -330,8 +331,9 @@ outcome replay(const trace& t, const char* name, const knobs& k, Allocator& a) {
   return o;
 }
 
-/// Policy p with the command line's overrides: chunk size and lending everywhere,
-/// the growth floor and big chunks where the policy has them, edges where it stitches.
+/// Policy p with the command line's overrides: chunk size, lending and the small
+/// arena's growth everywhere, the growth floor and big chunks where the policy has
+/// them, edges where it stitches.
 template <class Policy>
 Policy tuned(Policy p, const knobs& k) {
   gmlake::policy::growth_rules& g = p.grow;
@@ -344,6 +346,8 @@ Policy tuned(Policy p, const knobs& k) {
     if (k.big_growth) g.big_growth = *k.big_growth;
     if (k.big_chunk) g.big_chunk = *k.big_chunk;
   }
+  if (k.small_divisor) g.small_divisor = *k.small_divisor;
+  if (k.small_cap) g.small_cap = *k.small_cap;
   if constexpr (requires { p.edges; })
     if (k.edges) p.edges = *k.edges;
   return p;
@@ -420,11 +424,13 @@ int main(int argc, char** argv) {
     else if (a == "--stitch-edges-mib" && i + 1 < argc) k.edges = num(std::size_t{1} << 20);
     else if (a == "--growth-divisor" && i + 1 < argc) k.floor_divisor = num(1);
     else if (a == "--min-growth-mib" && i + 1 < argc) k.floor = num(std::size_t{1} << 20);
+    else if (a == "--small-growth-divisor" && i + 1 < argc) k.small_divisor = num(1);
+    else if (a == "--small-growth-cap-mib" && i + 1 < argc) k.small_cap = num(std::size_t{1} << 20);
     else if (a == "-h" || a == "--help") {
       std::printf("usage: gmlake-replay [--json] [--breakdown] [--config NAME]... [--cost-model FILE]\n"
                   "                     [--timeline DIR] [--chunk-mib N] [--small-max-kib N] [--cached-scan N]\n"
                   "                     [--repair-chunks N] [--append-room N]\n"
-                  "                     [--pieces N] [--max-handle-mib N] [--min-growth-mib N]\n                     [--growth-divisor N]\n                     [--big-growth-mib N] [--big-handle-mib N] [--no-lend]\n                     [--lend-to-small] [--stitch-edges-mib N] [--log-driver]\n"
+                  "                     [--pieces N] [--max-handle-mib N] [--min-growth-mib N]\n                     [--growth-divisor N] [--small-growth-divisor N] [--small-growth-cap-mib N]\n                     [--big-growth-mib N] [--big-handle-mib N] [--no-lend]\n                     [--lend-to-small] [--stitch-edges-mib N] [--log-driver]\n"
                   "                     TRACE.trace.gz...\nconfigurations:");
       for (const auto& n : config_names()) std::printf(" %s", n.c_str());
       std::puts("\n(default: gmlake bfc expandable gmlake-paper). Progress goes to stderr when it is a terminal.");

@@ -47,12 +47,13 @@ gmlake::options opts() {
   return o;
 }
 
-/// Stitch policy P, its growth creating one slot per chunk: these tests count
-/// calls per chunk.
+/// Stitch policy P, its growth creating one slot per chunk (in both arenas): these
+/// tests count calls per chunk.
 template <class P = policy::best_fit_pieces>
 P one_slot() {
   P p;
   p.grow.max_chunk = 0;
+  p.grow.small_divisor = 0;
   return p;
 }
 
@@ -823,6 +824,35 @@ TEST_CASE("growth floor: the surplus of a small growth serves the next request; 
   gmlake_test::check_released(a);
   gmlake_test::check_released(s);
   gmlake_test::check_released(b);
+}
+
+TEST_CASE("small-arena growth: from its own size, in one chunk; its chunks go back whole") {
+  // Slots of C = 64 KiB hold 64 requests of 1 KiB; small_cap is far above.
+  policy::best_fit_pieces pol;
+  pol.grow.small_divisor = 4;
+  gmlake::gmlake_allocator<counting<simulated>> a(counting<simulated>(cap, C), opts(), pol);
+  std::vector<void*> v;
+  const auto fill_to = [&](std::size_t n) {
+    while (v.size() < n) v.push_back(a.allocate(kib));
+  };
+  fill_to(64 * 4);  // up to 4 slots: each growth one slot (4 / 4 = 1)
+  CHECK(reserved(a) == static_cast<std::int64_t>(4 * C));
+  CHECK(a.backend().counts().calls_of(call::create) == 4);
+  fill_to(64 * 8);  // 5 slots after the next, then 6, 7, 8: still one slot each (5/4 .. 7/4 round down)
+  CHECK(reserved(a) == static_cast<std::int64_t>(8 * C));
+  CHECK(a.backend().counts().calls_of(call::create) == 8);
+  v.push_back(a.allocate(kib));  // 8 / 4 = 2 slots, one chunk
+  CHECK(reserved(a) == static_cast<std::int64_t>(10 * C));
+  CHECK(a.backend().counts().calls_of(call::create) == 9);
+  fill_to(64 * 10);  // the surplus slot serves the next 63: nothing created
+  CHECK(a.backend().counts().calls_of(call::create) == 9);
+  CHECK(a.breakdown().small_reserved == 10 * C);
+  CHECK(a.check_invariants());
+  // Freed, the two-slot chunk is one free chunk, released whole.
+  for (void* p : v) a.deallocate(p);
+  CHECK(a.check_invariants());
+  gmlake_test::check_released(a);
+  CHECK(a.backend().counts().calls_of(call::release) == 9);
 }
 
 TEST_CASE("lending to_small: a free large-arena chunk is released before the small arena grows past the peak") {

@@ -48,6 +48,28 @@ TEST_CASE("growth rules: the stitch preset's floor follows the footprint, capped
   CHECK(g.big_chunk == 256 * mib);
 }
 
+TEST_CASE("growth rules: the small arena grows from its own size in the stitch preset, by a slot in the exact one") {
+  const std::size_t cap = 80 * 1024 * mib;
+  const auto small = [&](const policy::growth_rules& r, std::size_t arena_reserved) {
+    return r.plan(growth_view{S, 40 * 1024 * mib, cap, true, arena_reserved});
+  };
+  // stitch_growth: at least 1/8 of the small arena's bytes, at most 8 MiB, one chunk.
+  CHECK(small(policy::stitch_growth, 0).floor == 0);
+  CHECK(small(policy::stitch_growth, 8 * S).floor == S);
+  CHECK(small(policy::stitch_growth, 16 * mib).max_chunk == S);
+  CHECK(small(policy::stitch_growth, 40 * mib).floor == 4 * mib);  // 5 MiB, rounded down to the slot
+  CHECK(small(policy::stitch_growth, 40 * mib).max_chunk == 4 * mib);
+  CHECK(small(policy::stitch_growth, 1024 * mib).floor == 8 * mib);
+  CHECK(small(policy::stitch_growth, 1024 * mib).max_chunk == 8 * mib);
+  // The large arena's floor and big chunks do not apply to the small one.
+  CHECK(small(policy::stitch_growth, 1024 * mib).big_growth == 0);
+  // exact_growth (no stitching): one slot per chunk, no floor, whatever its size.
+  CHECK(small(policy::exact_growth, 1024 * mib).floor == 0);
+  CHECK(small(policy::exact_growth, 1024 * mib).max_chunk == 0);
+  // The large arena's plan does not look at the small one's size.
+  CHECK(policy::stitch_growth.plan(growth_view{S, 0, cap, false, 1024 * mib}).floor == 16 * mib);
+}
+
 TEST_CASE("growth rules: sizes round to the slot") {
   policy::growth_rules r;
   r.max_chunk = 3 * mib;

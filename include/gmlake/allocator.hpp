@@ -533,11 +533,10 @@ class basic_allocator {
 
   // ------------------------------------------------------------ growth
 
-  /// How an arena grows now: the small one a slot per chunk, the large one as the
-  /// stitch policy says.
+  /// How an arena grows now, as the stitch policy says.
   [[nodiscard]] growth_plan growth(bool small) const noexcept {
-    if (small) return {};
-    return stitch_.growth({slot_, static_cast<std::size_t>(held_.reserved.current), backend_.capacity()});
+    return stitch_.growth({slot_, static_cast<std::size_t>(held_.reserved.current), backend_.capacity(), small,
+                           (small ? small_ : large_).reserved()});
   }
 
   /// Before an arena grows past the peak reserved so far, the other one releases

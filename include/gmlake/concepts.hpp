@@ -175,14 +175,16 @@ concept StitchHow = requires(const P& p, std::span<stitch_candidate> c, std::siz
   { p.edge_min() } noexcept -> std::same_as<std::size_t>;
 };
 
-/// What growth of the large arena sees.
+/// What growth of an arena sees.
 struct growth_view {
   std::size_t slot = 0;      ///< bytes of the smallest chunk (chunk sizes are multiples)
   std::size_t reserved = 0;  ///< physical bytes the allocator holds now
   std::size_t capacity = 0;  ///< the backend's capacity
+  bool small = false;        ///< the small arena grows (else the large one)
+  std::size_t arena_reserved = 0;  ///< physical bytes the growing arena holds now
 };
 
-/// How one growth of the large arena creates chunks.
+/// How one growth of an arena creates chunks.
 struct growth_plan {
   std::size_t floor = 0;       ///< create at least this many bytes where the hole allows (the surplus stays free; 0: what is needed)
   std::size_t max_chunk = 0;   ///< largest chunk created (a multiple of the slot; 0 or the slot: one slot per chunk)
@@ -200,7 +202,7 @@ struct lending {
 /// S4, where new memory comes from: `create_shortfall()` true: when the free pieces
 /// are not enough, create only the missing chunks (next to a free range, or stitched
 /// to the free pieces); false: create the whole request as a new segment.
-/// `growth(v)`: how many bytes and in what chunks the large arena grows;
+/// `growth(v)`: how many bytes and in what chunks an arena grows;
 /// `lends()`: when free chunks move between the arenas.
 template <class P>
 concept StitchShortfall = requires(const P& p, growth_view v) {

@@ -9,8 +9,8 @@
 //              requests >= 512 MiB, no shortfall path (policy::gmlake_paper)
 //
 // Growth: the stitching configurations grow with policy::stitch_growth (a floor of
-// new bytes per growth, big chunks for big growths), the others with
-// policy::exact_growth (policy/growth.hpp). Both lend the small arena's free chunks
+// new bytes per growth, big chunks for big growths, a small arena that grows from
+// its own size), the others with policy::exact_growth (policy/growth.hpp). Both lend the small arena's free chunks
 // to the large one before it grows past the peak.
 #pragma once
 

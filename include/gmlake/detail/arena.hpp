@@ -123,6 +123,8 @@ class arena {
 
   [[nodiscard]] bool contains(std::uintptr_t p) const noexcept { return p - base_ < size_; }
   [[nodiscard]] std::size_t free_count() const noexcept { return free_.size(); }
+  /// Physical bytes of the chunks this arena holds (tally().reserved, kept as it changes).
+  [[nodiscard]] std::size_t reserved() const noexcept { return reserved_; }
 
   /// The range that starts at p, or nullptr.
   [[nodiscard]] range* starting_at(std::uintptr_t p) noexcept {
@@ -531,9 +533,11 @@ class arena {
       if (!r.is_free()) return false;
     for (const range& r : holes_)
       if (r.state != range_state::hole) return false;
+    std::size_t mine = 0;
     for (const slot& s : slots_)
-      if (s.mapped) reserved += slot_;
-    return true;
+      if (s.mapped) mine += slot_;
+    reserved += mine;
+    return mine == reserved_;
   }
 
   /// Every slot's stitch_refs is refs[i] (0 past its end), and every slot of a
@@ -687,6 +691,7 @@ class arena {
     }
     for (std::size_t i = 0; i < n; i += slots_[first + i].count) held_.chunks.add(1);
     held_.reserved.add(static_cast<std::int64_t>(bytes));
+    reserved_ += bytes;
     held_.mapped.add(static_cast<std::int64_t>(bytes));
 
     // Split the hole: the new range takes its start or its end.
@@ -769,6 +774,7 @@ class arena {
       s.pending = 2;
       held_.reserved.sub(static_cast<std::int64_t>(slot_));
       held_.mapped.sub(static_cast<std::int64_t>(slot_));
+      reserved_ -= slot_;
     }
     return false;
   }
@@ -804,6 +810,7 @@ class arena {
     s = slot{};
     held_.reserved.sub(static_cast<std::int64_t>(slot_));
     held_.mapped.sub(static_cast<std::int64_t>(slot_));
+    reserved_ -= slot_;
   }
 
   /// Turns [a, b) of free range f into a hole (merged with hole neighbours).
@@ -853,6 +860,7 @@ class arena {
   std::uintptr_t base_ = 0;
   std::size_t size_ = 0;
   std::uint32_t segments_ = 0;
+  std::size_t reserved_ = 0;  ///< physical bytes of this arena's chunks
   std::size_t quarantined_ranges_ = 0;
   address_index address_;
   free_index free_;

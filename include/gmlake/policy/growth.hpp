@@ -30,11 +30,23 @@ struct growth_rules {
   /// big_chunk bytes instead of max_chunk: fewer chunks for a very large request.
   std::size_t big_growth = 0;
   std::size_t big_chunk = 0;
+  /// The small arena grows by at least its reserved bytes / small_divisor, capped at
+  /// small_cap, in one chunk (0: one slot per growth, no floor). It grows often, by a
+  /// slot at a time; growing from its own size makes fewer chunks as it grows, and the
+  /// surplus is a small share of what it holds.
+  std::size_t small_divisor = 0;
+  std::size_t small_cap = 0;
   /// When free chunks move between the arenas.
   gmlake::lending lends{};
 
   [[nodiscard]] constexpr growth_plan plan(const growth_view& v) const noexcept {
     growth_plan g;
+    if (v.small) {
+      if (small_divisor == 0) return g;
+      g.floor = std::min(round_down(small_cap, v.slot), round_down(v.arena_reserved / small_divisor, v.slot));
+      g.max_chunk = std::max(g.floor, v.slot);
+      return g;
+    }
     g.max_chunk = round_up(max_chunk, v.slot);
     if (floor != 0 || floor_divisor != 0) {
       std::size_t cap = g.max_chunk;
@@ -52,17 +64,26 @@ struct growth_rules {
   }
 };
 
-/// Growth creates what the request needs, in chunks of up to 32 MiB; before the
-/// large arena grows past the peak reserved, the small arena releases its free
-/// whole chunks. The rules of every configuration that does not stitch.
+/// Growth creates what the request needs, in chunks of up to 32 MiB (the small
+/// arena: one slot per chunk); before the large arena grows past the peak reserved,
+/// the small arena releases its free whole chunks. The rules of every configuration
+/// that does not stitch.
 inline constexpr growth_rules exact_growth{};
 
 /// As exact_growth, and a growth of the large arena creates at least 16 MiB and at
 /// least 1/512 of the reserved bytes (capped at one chunk and at capacity / 1024);
-/// a growth of 768 MiB or more creates chunks of up to 256 MiB. Fewer, larger
-/// chunks for later stitches to map; the surplus is reused by the next stitch or
-/// split. The rules of the stitching configurations (docs/design.md, "Growth").
-inline constexpr growth_rules stitch_growth{std::size_t{32} << 20, std::size_t{16} << 20, 512, 1024,
-                                            std::size_t{768} << 20, std::size_t{256} << 20, lending{}};
+/// a growth of 768 MiB or more creates chunks of up to 256 MiB; the small arena
+/// grows by at least 1/8 of its reserved bytes, up to 8 MiB, in one chunk. Fewer,
+/// larger chunks for later stitches to map; the surplus is reused by the next stitch
+/// or split. The rules of the stitching configurations (docs/design.md, "Growth").
+inline constexpr growth_rules stitch_growth{.max_chunk = std::size_t{32} << 20,
+                                            .floor = std::size_t{16} << 20,
+                                            .floor_divisor = 512,
+                                            .floor_cap_divisor = 1024,
+                                            .big_growth = std::size_t{768} << 20,
+                                            .big_chunk = std::size_t{256} << 20,
+                                            .small_divisor = 8,
+                                            .small_cap = std::size_t{8} << 20,
+                                            .lends = lending{}};
 
 } // namespace gmlake::policy
