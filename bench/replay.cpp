@@ -365,16 +365,18 @@ outcome run(const trace& t, const char* name, const knobs& k, const cost_model& 
 /// Every configuration the tool knows: the named ones of configs.hpp first.
 const std::vector<std::string>& config_names() {
   static const std::vector<std::string> names = {"gmlake", "bfc", "expandable", "gmlake-paper", "largest-first",
-                                                 "gmlake-noedges", "gmlake-noappend"};
+                                                 "gmlake-noedges", "gmlake-noappend", "gmlake-smallslot"};
   return names;
 }
 
 outcome run_config(const trace& t, const std::string& config, const knobs& k, const cost_model& cost) {
   using namespace gmlake;
-  if (config == "gmlake" || config == "gmlake-noedges" || config == "gmlake-noappend") {  // or one option off
+  if (config == "gmlake" || config == "gmlake-noedges" || config == "gmlake-noappend" ||
+      config == "gmlake-smallslot") {  // or one option off
     knobs e = k;
     if (config == "gmlake-noedges") e.edges = 0;
     if (config == "gmlake-noappend") e.opt.append_room = 0;
+    if (config == "gmlake-smallslot") e.small_divisor = 0;
     policy::best_fit_pieces p;
     if (k.pieces) p.pieces = k.pieces;
     return run(t, config.c_str(), e, cost, p);

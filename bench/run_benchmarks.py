@@ -19,7 +19,8 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = ["gmlake", "bfc", "expandable", "gmlake-paper", "largest-first", "gmlake-noedges", "gmlake-noappend"]
+CONFIGS = ["gmlake", "bfc", "expandable", "gmlake-paper", "largest-first", "gmlake-noedges", "gmlake-noappend",
+           "gmlake-smallslot"]
 # gmlake with an option off, not an alternative allocator: its section's title and text.
 OPTIONS = {
     "gmlake-noedges": ("no stitch edges", [
@@ -33,6 +34,11 @@ OPTIONS = {
         "it, instead of a new stitch of every chunk. `append_room = 0` (`gmlake-replay --append-room 0`, the",
         "configuration `gmlake-noappend`) stitches anew ([docs/design.md](design.md), \"Appending to a cached",
         "stitched block\")."]),
+    "gmlake-smallslot": ("small arena grown one slot at a time", [
+        "By default the small arena (requests up to 1 MiB) grows by at least 1/8 of its reserved bytes, up to",
+        "8 MiB, in one chunk (`growth_rules::small_divisor = 8`, `small_cap = 8 MiB`). `small_divisor = 0`",
+        "(`gmlake-replay --small-growth-divisor 0`, the configuration `gmlake-smallslot`) grows it one slot per",
+        "chunk: one create, map and set access per 2 MiB ([docs/design.md](design.md), \"Growth\")."]),
 }
 PEERS = [("torch-default", "PyTorch default"), ("torch-expandable", "PyTorch expandable_segments"),
          ("cudaMallocAsync", "cudaMallocAsync pool")]
