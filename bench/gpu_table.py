@@ -95,11 +95,28 @@ def load(path):
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 # The before/after tables of docs/benchmarks.md: title, text, the runs compared
-# (files of bench/results; None: the run the section shows).
+# (files of bench/results, or tuples of repeated runs of one build; None: the run
+# the section shows).
 COMPARISONS = [
+    ("Before and after: the small arena's growth",
+     """gmlake's rows of four runs of the same command (`GMLAKE_GPU_PARTS=replay bash .ci/gpu
+OUT TRACES`, the 17 traces) in one call on one machine, alternated: after, before,
+after, before. After: the small arena grows by at least 1/8 of its reserved bytes, up
+to 8 MiB, in one chunk (commit e5c4172; `bench/results/h200-ab-after-1.jsonl`, `-2`).
+Before: one slot per growth (commit 886f97d; `h200-ab-before-1.jsonl`, `-2`). Each
+time column shows the two runs. Fragmentation and device allocations after i 4 equal
+the host replay's in every run; device allocations fall where the small arena grows
+after warm-up (llama3b-dynbatch 105 -> 39, llama1b-lora-ckpt 20 -> 11,
+llama1b-generate 36 -> 29, llama1b-dynbatch 6 -> 2). Measured driver time differs by up
+to 40% between two runs of the same build on this machine (gpt2l-fsdp-dyn, whose
+calls barely differ between the builds, 230 and 229 device allocations: 2050 and
+1653 us before, 2769 and 1998 after),
+more than the change on most traces; llama3b-dynbatch, with the most small-arena
+growth, went from 703 and 912 us to 519 and 381.
+""", ("h200-ab-before-1.jsonl", "h200-ab-before-2.jsonl"), ("h200-ab-after-1.jsonl", "h200-ab-after-2.jsonl")),
     ("Before and after: appending to cached stitched blocks, lending without waiting",
-     """gmlake's rows of the run above (commit f3e25a7: appending on, lending that never
-waits) and of the same command on the build before both (commit 6b1a5b4,
+     """gmlake's rows of the run of commit f3e25a7 (appending on, lending that never
+waits; `bench/results/h200-replay-lending.jsonl`) and of the same command on the build before both (commit 6b1a5b4,
 `bench/results/h200-replay-edges.jsonl`). In between, the build with appending but
 still waiting before lending ran too (commit 79a48ea, `h200-replay-append.jsonl`):
 its fragmentation and device allocations are those of the run above on every trace.
@@ -109,7 +126,7 @@ PyTorch default's ns/op on the same traces was 0.8 to 2.0 times that of the 79a4
 run (1.5 times or more on 8 of 17), and gmlake's driver time on gpt2m-dynseq, whose
 calls are the same in every build, 691 us against 447; compare fragmentation
 across runs, and time only within one run.
-""", "h200-replay-edges.jsonl", None),
+""", "h200-replay-edges.jsonl", "h200-replay-lending.jsonl"),
     ("Before and after: stitch edges by default",
      """gmlake's rows of the run with stitch edges of 4 MiB, the default (commit 6b1a5b4,
 `bench/results/h200-replay-edges.jsonl`), and of the same command on the build
@@ -134,16 +151,24 @@ builds, so its differences are the run-to-run variation of measured time
 
 
 def before_after(title, text, before, after):
-    b, a = load(before), load(after)
-    out = ["| trace | frag before | frag after | driver us/iter before | after | ns/op before | after |",
-           "|---|---|---|---|---|---|---|"]
-    for trace in sorted(a):
-        x, y = b.get(trace, {}).get("gmlake"), a[trace].get("gmlake")
-        if not x or not y:
+    """before, after: one run's file each, or a tuple of runs of the same build (their
+    times are shown side by side; fragmentation and device allocations are the first's)."""
+    bs = [load(f) for f in (before if isinstance(before, tuple) else (before,))]
+    as_ = [load(f) for f in (after if isinstance(after, tuple) else (after,))]
+    out = ["| trace | frag before | frag after | device allocs after i4, before | after "
+           "| driver us/iter before | after | ns/op before | after |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for trace in sorted(as_[0]):
+        xs = [b.get(trace, {}).get("gmlake") for b in bs]
+        ys = [a.get(trace, {}).get("gmlake") for a in as_]
+        if not all(xs) or not all(ys):
             continue
+        both = lambda rows, key: " / ".join(f"{r[key]:.0f}" for r in rows)
+        x, y = xs[0], ys[0]
         out.append(f"| {trace} | {100*x['fragmentation']:.2f}% | {100*y['fragmentation']:.2f}% "
-                   f"| {x['driver_us_per_iter_after_4']:.0f} | {y['driver_us_per_iter_after_4']:.0f} "
-                   f"| {x['ns_per_op_after_4']:.0f} | {y['ns_per_op_after_4']:.0f} |")
+                   f"| {x['device_allocs_after_4']} | {y['device_allocs_after_4']} "
+                   f"| {both(xs, 'driver_us_per_iter_after_4')} | {both(ys, 'driver_us_per_iter_after_4')} "
+                   f"| {both(xs, 'ns_per_op_after_4')} | {both(ys, 'ns_per_op_after_4')} |")
     return f"### {title}\n\n{text}\n" + "\n".join(out) + "\n\n"
 
 
@@ -161,10 +186,13 @@ def into(path, section):
 
 def comparisons(main_run):
     out = ""
+    def paths(runs):
+        return tuple(os.path.join(RESULTS, f) for f in (runs if isinstance(runs, tuple) else (runs,)))
+
     for title, text, before, after in COMPARISONS:
-        b = os.path.join(RESULTS, before)
-        a = main_run if after is None else os.path.join(RESULTS, after)
-        if os.path.exists(b) and os.path.exists(a):
+        b = paths(before)
+        a = (main_run,) if after is None else paths(after)
+        if all(os.path.exists(f) for f in b + a):
             out += before_after(title, text, b, a)
     return out
 
