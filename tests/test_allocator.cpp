@@ -844,7 +844,7 @@ TEST_CASE("small-arena growth: from its own size, in one chunk; its chunks go ba
   v.push_back(a.allocate(kib));  // 8 / 4 = 2 slots, one chunk
   CHECK(reserved(a) == static_cast<std::int64_t>(10 * C));
   CHECK(a.backend().counts().calls_of(call::create) == 9);
-  fill_to(64 * 10);  // the surplus slot serves the next 63: nothing created
+  fill_to(64 * 10);  // the two-slot chunk holds the next 127: nothing created
   CHECK(a.backend().counts().calls_of(call::create) == 9);
   CHECK(a.breakdown().small_reserved == 10 * C);
   CHECK(a.check_invariants());
@@ -853,6 +853,34 @@ TEST_CASE("small-arena growth: from its own size, in one chunk; its chunks go ba
   CHECK(a.check_invariants());
   gmlake_test::check_released(a);
   CHECK(a.backend().counts().calls_of(call::release) == 9);
+}
+
+TEST_CASE("small-arena growth: one live request keeps its whole chunk; exact growth stays one slot per chunk") {
+  policy::best_fit_pieces pol;
+  pol.grow.small_divisor = 1;  // each growth at least what the arena holds: 1, 1, 2, 4, 8 slots
+  gmlake::gmlake_allocator<counting<simulated>> a(counting<simulated>(cap, C), opts(), pol);
+  std::vector<void*> v;
+  for (int i = 0; i < 64 * 16; ++i) v.push_back(a.allocate(kib));  // 16 slots: chunks of 1, 1, 2, 4, 8
+  CHECK(a.breakdown().small_reserved == 16 * C);
+  CHECK(a.backend().counts().calls_of(call::create) == 5);
+  // Keep one request in the last chunk (8 slots), free the rest.
+  void* keep = v.back();
+  v.pop_back();
+  for (void* p : v) a.deallocate(p);
+  (void)a.release_cached();
+  CHECK(a.breakdown().small_reserved == 8 * C);  // the whole chunk stays for one request
+  CHECK(a.check_invariants());
+  a.deallocate(keep);
+  gmlake_test::check_released(a);
+
+  // bfc (exact_growth): one slot per growth whatever the small arena holds.
+  gmlake::bfc_allocator<counting<simulated>> b(counting<simulated>(cap, C), opts(), policy::no_stitch{});
+  std::vector<void*> w;
+  for (int i = 0; i < 64 * 16; ++i) w.push_back(b.allocate(kib));
+  CHECK(b.breakdown().small_reserved == 16 * C);
+  CHECK(b.backend().counts().calls_of(call::create) == 16);
+  for (void* p : w) b.deallocate(p);
+  gmlake_test::check_released(b);
 }
 
 TEST_CASE("lending to_small: a free large-arena chunk is released before the small arena grows past the peak") {

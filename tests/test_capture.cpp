@@ -31,6 +31,7 @@ gmlake::options opts() {
 gmlake::policy::best_fit_pieces one_slot() {
   gmlake::policy::best_fit_pieces p;
   p.grow.max_chunk = 0;
+  p.grow.small_divisor = 0;
   return p;
 }
 

@@ -71,8 +71,17 @@ struct outcome {
   std::uint64_t spurious = 0;       ///< operations that failed with no fault injected: a bug
   std::uint64_t bad_data = 0;       ///< blocks whose pattern changed
   std::uint64_t broken = 0;         ///< check_invariants() false
+  std::size_t small_chunk = 0;      ///< the largest small-arena chunk seen
   bool constructed = true;
 };
+
+/// The default stitch policy, its small arena grown by at least what it holds
+/// (1, 1, 2, 4 ... slots), so the scenario's small requests make chunks of several slots.
+policy::best_fit_pieces scenario_policy() {
+  policy::best_fit_pieces p;
+  p.grow.small_divisor = 1;
+  return p;
+}
 
 /// Runs the scenario on `a`, checking as it goes.
 class driver {
@@ -125,6 +134,15 @@ class driver {
     check();
   }
 
+  /// Notes the largest chunk of the small arena now.
+  void note_small_chunks() {
+    a_.visit_layout(
+        [&](const gmlake::layout_segment& g) {
+          if (g.kind == gmlake::layout_segment::small_chunk) o_.small_chunk = std::max(o_.small_chunk, g.bytes);
+        },
+        [](const gmlake::layout_piece&) {});
+  }
+
   void check_all() {
     for (auto& b : live_)
       if (b && !intact(*b)) ++o_.bad_data;
@@ -169,6 +187,11 @@ void scenario(driver& d) {
   d.alloc(0, 1 * kib);
   d.alloc(1, 3 * kib);
   d.alloc(2, 10 * kib, 1);
+  // Small growth in chunks of several slots: 12 x 16 KiB more need a third growth,
+  // of two slots in one chunk; half of them freed at once, the rest at the end.
+  for (int i = 50; i < 62; ++i) d.alloc(i, 16 * kib, static_cast<std::uintptr_t>(i % 2));
+  d.note_small_chunks();
+  for (int i = 50; i < 62; i += 2) d.free(i);
   // A B C D of two chunks each; A and C freed: 4 chunks free, none adjacent.
   for (int i = 10; i < 14; ++i) d.alloc(i, 2 * C);
   d.alloc(19, 2 * C);  // X, after D
@@ -232,7 +255,7 @@ outcome run(fault k, std::uint64_t nth, bool sticky, std::array<std::uint64_t, g
     probe.fail_at(k, nth, gmlake::backend::default_error(k), sticky);
     if (then) probe.then_fail(*then);
     try {
-      a.emplace(std::move(probe), opt, policy::best_fit_pieces{}, policy::lru{std::size_t{1} << 40, 1});
+      a.emplace(std::move(probe), opt, scenario_policy(), policy::lru{std::size_t{1} << 40, 1});
     } catch (const gmlake::out_of_memory&) {
       o.constructed = false;
       o.injected = 1;
@@ -357,7 +380,7 @@ TEST_CASE("faults: the scenario covers every path it claims to") {
   real backend(cap, C);
   gmlake::options opt;
   opt.small_max = 16 * kib;
-  alloc_t a(faulty(&backend), opt, policy::best_fit_pieces{}, policy::lru{std::size_t{1} << 40, 1});
+  alloc_t a(faulty(&backend), opt, scenario_policy(), policy::lru{std::size_t{1} << 40, 1});
   outcome o;
   driver d(a, o);
   scenario(d);
@@ -372,6 +395,7 @@ TEST_CASE("faults: the scenario covers every path it claims to") {
   CHECK(s.cached_stitch_appends > 0);
   CHECK(s.evictions > 0);
   CHECK(s.calls[static_cast<std::size_t>(call::record)] > 0);
+  CHECK(o.small_chunk >= 2 * C);  // a small growth of several slots in one chunk
   CHECK(o.reported == 0);
   CHECK(o.bad_data == 0);
   CHECK(o.broken == 0);

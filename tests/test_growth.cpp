@@ -66,8 +66,28 @@ TEST_CASE("growth rules: the small arena grows from its own size in the stitch p
   // exact_growth (no stitching): one slot per chunk, no floor, whatever its size.
   CHECK(small(policy::exact_growth, 1024 * mib).floor == 0);
   CHECK(small(policy::exact_growth, 1024 * mib).max_chunk == 0);
-  // The large arena's plan does not look at the small one's size.
-  CHECK(policy::stitch_growth.plan(growth_view{S, 0, cap, false, 1024 * mib}).floor == 16 * mib);
+  // The large arena's plan does not read arena_reserved: 20 GiB / 512 would be 40 MiB
+  // (capped at 32 MiB); from reserved 0 it is the 16 MiB floor.
+  CHECK(policy::stitch_growth.plan(growth_view{S, 0, cap, false, 20 * 1024 * mib}).floor == 16 * mib);
+}
+
+TEST_CASE("growth rules: the small arena's cap binds below the divisor's floor; 0 is no cap") {
+  policy::growth_rules r;
+  r.small_divisor = 2;
+  const auto floor = [&](std::size_t arena_reserved) {
+    return r.plan(growth_view{S, 0, 80 * 1024 * mib, true, arena_reserved}).floor;
+  };
+  r.small_cap = 6 * mib;
+  CHECK(floor(8 * mib) == 4 * mib);    // 8 / 2, under the cap
+  CHECK(floor(64 * mib) == 6 * mib);   // the cap
+  r.small_cap = 5 * mib;
+  CHECK(floor(64 * mib) == 4 * mib);   // a cap between slots rounds down
+  r.small_cap = mib;
+  CHECK(floor(64 * mib) == 0);         // a cap below one slot: one slot per chunk
+  CHECK(r.plan(growth_view{S, 0, 80 * 1024 * mib, true, 64 * mib}).max_chunk == S);
+  r.small_cap = 0;
+  CHECK(floor(64 * mib) == 32 * mib);  // no cap
+  CHECK(floor(3 * mib) == 0);          // 1.5 MiB rounds down to no floor
 }
 
 TEST_CASE("growth rules: sizes round to the slot") {

@@ -549,7 +549,7 @@ class basic_allocator {
     if (capture_) return;
     const lending l = stitch_.lends();
     const std::int64_t now = held_.reserved.current, peak = held_.reserved.peak;
-    if (small && l.to_small && now + static_cast<std::int64_t>(slot_) > peak) {
+    if (small && l.to_small && now + static_cast<std::int64_t>(std::max(slot_, growth(true).floor)) > peak) {
       streams_.poll_all();
       stats_.lent_bytes += large_.release_one_chunk(slot_, stitch_planner::max_candidates);
     }

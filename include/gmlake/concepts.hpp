@@ -179,8 +179,8 @@ concept StitchHow = requires(const P& p, std::span<stitch_candidate> c, std::siz
 struct growth_view {
   std::size_t slot = 0;      ///< bytes of the smallest chunk (chunk sizes are multiples)
   std::size_t reserved = 0;  ///< physical bytes the allocator holds now
-  std::size_t capacity = 0;  ///< the backend's capacity
-  bool small = false;        ///< the small arena grows (else the large one)
+  std::size_t capacity = 0;        ///< the backend's capacity
+  bool small = false;              ///< the small arena grows (else the large one)
   std::size_t arena_reserved = 0;  ///< physical bytes the growing arena holds now
 };
 
@@ -202,7 +202,8 @@ struct lending {
 /// S4, where new memory comes from: `create_shortfall()` true: when the free pieces
 /// are not enough, create only the missing chunks (next to a free range, or stitched
 /// to the free pieces); false: create the whole request as a new segment.
-/// `growth(v)`: how many bytes and in what chunks an arena grows;
+/// `growth(v)`: how many bytes and in what chunks an arena grows, asked for both
+/// arenas (`v.small`: the small one; `growth_plan{}` grows it one slot per chunk);
 /// `lends()`: when free chunks move between the arenas.
 template <class P>
 concept StitchShortfall = requires(const P& p, growth_view v) {

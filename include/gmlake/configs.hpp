@@ -10,8 +10,8 @@
 //
 // Growth: the stitching configurations grow with policy::stitch_growth (a floor of
 // new bytes per growth, big chunks for big growths, a small arena that grows from
-// its own size), the others with policy::exact_growth (policy/growth.hpp). Both lend the small arena's free chunks
-// to the large one before it grows past the peak.
+// its own size), the others with policy::exact_growth (policy/growth.hpp). Both
+// lend the small arena's free chunks to the large one before it grows past the peak.
 #pragma once
 
 #include "allocator.hpp"

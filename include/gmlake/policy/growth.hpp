@@ -30,10 +30,12 @@ struct growth_rules {
   /// big_chunk bytes instead of max_chunk: fewer chunks for a very large request.
   std::size_t big_growth = 0;
   std::size_t big_chunk = 0;
-  /// The small arena grows by at least its reserved bytes / small_divisor, capped at
-  /// small_cap, in one chunk (0: one slot per growth, no floor). It grows often, by a
-  /// slot at a time; growing from its own size makes fewer chunks as it grows, and the
-  /// surplus is a small share of what it holds.
+  /// The small arena grows by at least its reserved bytes / small_divisor, rounded
+  /// down to the slot and capped at small_cap (0: no cap), in chunks of that size
+  /// (small_divisor 0: one slot per chunk, no floor). Small requests make many
+  /// growths of a slot or two; growing from its own size makes fewer, and the surplus
+  /// is a bounded share of what it holds. The price: one live request keeps a whole
+  /// chunk, so larger chunks give back less when the arena empties.
   std::size_t small_divisor = 0;
   std::size_t small_cap = 0;
   /// When free chunks move between the arenas.
@@ -43,7 +45,8 @@ struct growth_rules {
     growth_plan g;
     if (v.small) {
       if (small_divisor == 0) return g;
-      g.floor = std::min(round_down(small_cap, v.slot), round_down(v.arena_reserved / small_divisor, v.slot));
+      g.floor = round_down(v.arena_reserved / small_divisor, v.slot);
+      if (small_cap != 0) g.floor = std::min(g.floor, round_down(small_cap, v.slot));
       g.max_chunk = std::max(g.floor, v.slot);
       return g;
     }
@@ -73,7 +76,8 @@ inline constexpr growth_rules exact_growth{};
 /// As exact_growth, and a growth of the large arena creates at least 16 MiB and at
 /// least 1/512 of the reserved bytes (capped at one chunk and at capacity / 1024);
 /// a growth of 768 MiB or more creates chunks of up to 256 MiB; the small arena
-/// grows by at least 1/8 of its reserved bytes, up to 8 MiB, in one chunk. Fewer,
+/// grows by at least 1/8 of its reserved bytes (rounded down to the slot), up to
+/// 8 MiB, in one chunk. Fewer,
 /// larger chunks for later stitches to map; the surplus is reused by the next stitch
 /// or split. The rules of the stitching configurations (docs/design.md, "Growth").
 inline constexpr growth_rules stitch_growth{.max_chunk = std::size_t{32} << 20,
