@@ -102,8 +102,9 @@ COMPARISONS = [
      """gmlake's rows of four runs of the same command (`GMLAKE_GPU_PARTS=replay bash .ci/gpu
 OUT TRACES`, the 17 traces) in one call on one machine, alternated: after, before,
 after, before. After: the small arena grows by at least 1/8 of its reserved bytes
-(rounded down to the slot), up to 8 MiB, in one chunk (commit e5c4172; `bench/results/h200-ab-after-1.jsonl`, `-2`).
-Before: one slot per growth (commit 886f97d; `h200-ab-before-1.jsonl`, `-2`). Each
+(rounded down to the slot), up to 8 MiB, in one chunk (commit e5c4172;
+`bench/results/h200-ab-after-1.jsonl`, `-2`). Before: one slot per growth (commit
+886f97d; `h200-ab-before-1.jsonl`, `-2`). Each
 time column shows the two runs. Fragmentation and device allocations after i 4 equal
 the host replay's in every run; device allocations fall where the small arena grows
 after warm-up (llama3b-dynbatch 105 -> 39, llama1b-lora-ckpt 20 -> 11,
@@ -111,13 +112,13 @@ llama1b-generate 36 -> 29, llama1b-dynbatch 6 -> 2). Measured driver time differ
 to 45% between two runs of the same build on this machine (llama1b-generate after:
 2856 and 1976 us; gpt2l-fsdp-dyn, whose calls barely differ between the builds, 230
 and 229 device allocations: 2050 and 1653 us before, 2769 and 1998 after), more than
-the change on most traces; llama3b-dynbatch, with the most small-arena
-growth, went from 703 and 912 us to 519 and 381.
+the change on most traces; llama3b-dynbatch, with the most small-arena growth, went
+from 703 and 912 us to 519 and 381.
 """, ("h200-ab-before-1.jsonl", "h200-ab-before-2.jsonl"), ("h200-ab-after-1.jsonl", "h200-ab-after-2.jsonl")),
     ("Before and after: appending to cached stitched blocks, lending without waiting",
      """gmlake's rows of the run of commit f3e25a7 (appending on, lending that never
-waits; `bench/results/h200-replay-lending.jsonl`) and of the same command on the build before both (commit 6b1a5b4,
-`bench/results/h200-replay-edges.jsonl`). In between, the build with appending but
+waits; `bench/results/h200-replay-lending.jsonl`) and of the same command on the
+build before both (commit 6b1a5b4, `bench/results/h200-replay-edges.jsonl`). In between, the build with appending but
 still waiting before lending ran too (commit 79a48ea, `h200-replay-append.jsonl`):
 its fragmentation and device allocations are those of the f3e25a7 run on every trace.
 Only llama3b-dynbatch changes in memory (1.40 -> 1.05%, as in the host replay). The
@@ -151,10 +152,10 @@ builds, so its differences are the run-to-run variation of measured time
 
 
 def before_after(title, text, before, after):
-    """before, after: one run's file each, or a tuple of runs of the same build (their
-    times are shown side by side; fragmentation and device allocations are the first's)."""
-    bs = [load(f) for f in (before if isinstance(before, tuple) else (before,))]
-    as_ = [load(f) for f in (after if isinstance(after, tuple) else (after,))]
+    """before, after: the files of one or more runs of each build (their times are
+    shown side by side; fragmentation and device allocations are the first run's)."""
+    bs = [load(f) for f in before]
+    as_ = [load(f) for f in after]
     out = ["| trace | frag before | frag after | device allocs after i4, before | after "
            "| driver us/iter before | after | ns/op before | after |",
            "|---|---|---|---|---|---|---|---|---|"]

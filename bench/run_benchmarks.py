@@ -37,9 +37,9 @@ OPTIONS = {
     "gmlake-smallslot": ("small arena grown one slot at a time", [
         "By default the small arena (requests up to 1 MiB) grows by at least 1/8 of its reserved bytes (rounded",
         "down to the slot), up to 8 MiB, in one chunk (`growth_rules::small_divisor = 8`, `small_cap = 8 MiB`).",
-        "`small_divisor = 0`",
-        "(`gmlake-replay --small-growth-divisor 0`, the configuration `gmlake-smallslot`) grows it one slot per",
-        "chunk: one create, map and set access per 2 MiB ([docs/design.md](design.md), \"Growth\")."]),
+        "`small_divisor = 0` (`gmlake-replay --small-growth-divisor 0`, the configuration `gmlake-smallslot`)",
+        "grows it one slot per chunk: one create, map and set access per 2 MiB ([docs/design.md](design.md),",
+        "\"Growth\")."]),
 }
 PEERS = [("torch-default", "PyTorch default"), ("torch-expandable", "PyTorch expandable_segments"),
          ("cudaMallocAsync", "cudaMallocAsync pool")]

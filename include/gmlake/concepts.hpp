@@ -177,8 +177,8 @@ concept StitchHow = requires(const P& p, std::span<stitch_candidate> c, std::siz
 
 /// What growth of an arena sees.
 struct growth_view {
-  std::size_t slot = 0;      ///< bytes of the smallest chunk (chunk sizes are multiples)
-  std::size_t reserved = 0;  ///< physical bytes the allocator holds now
+  std::size_t slot = 0;            ///< bytes of the smallest chunk (chunk sizes are multiples)
+  std::size_t reserved = 0;        ///< physical bytes the allocator holds now
   std::size_t capacity = 0;        ///< the backend's capacity
   bool small = false;              ///< the small arena grows (else the large one)
   std::size_t arena_reserved = 0;  ///< physical bytes the growing arena holds now

@@ -77,9 +77,9 @@ inline constexpr growth_rules exact_growth{};
 /// least 1/512 of the reserved bytes (capped at one chunk and at capacity / 1024);
 /// a growth of 768 MiB or more creates chunks of up to 256 MiB; the small arena
 /// grows by at least 1/8 of its reserved bytes (rounded down to the slot), up to
-/// 8 MiB, in one chunk. Fewer,
-/// larger chunks for later stitches to map; the surplus is reused by the next stitch
-/// or split. The rules of the stitching configurations (docs/design.md, "Growth").
+/// 8 MiB, in one chunk. Fewer, larger chunks for later stitches to map; the surplus
+/// is reused by the next stitch or split. The rules of the stitching configurations
+/// (docs/design.md, "Growth").
 inline constexpr growth_rules stitch_growth{.max_chunk = std::size_t{32} << 20,
                                             .floor = std::size_t{16} << 20,
                                             .floor_divisor = 512,
