@@ -3,14 +3,20 @@
 and docs/bench-*.png (live vs reserved bytes over the trace).
 
   python3 bench/run_benchmarks.py [--replay build/bench/gmlake-replay]
-                                  [--traces DIR]... [--out docs]
+                                  [--traces DIR]... [--out docs] [--variants N]
 
 Default traces: bench/traces (real PyTorch jobs recorded on an H200; those with peer
 figures first) and bench/traces/synthetic (made by bench/synth_traces.py, regenerated
 when missing). Peer figures come from bench/peers/gpu-replay-peers.json (PyTorch's
 caching allocator and cudaMallocAsync replaying the same traces on the H200).
+
+With the default traces it also replays N more jobs of each synthetic pattern
+(`bench/synth_traces.py --variants N`, other seeds; 8 by default, 0: none) under
+gmlake and the simulated peers, and summarizes them per pattern: jobs no setting was
+tuned on.
 """
 import argparse
+import concurrent.futures
 import glob
 import json
 import os
@@ -51,6 +57,75 @@ def run(replay, trace, timeline):
     if out.returncode not in (0, 1):
         sys.exit(f"{' '.join(cmd)} failed: {out.stderr}")
     return [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
+
+
+def expandable_vs_h200(simulated):
+    """How PyTorch's expandable segments on the H200 (bench/results/h200-replay.jsonl)
+    compare with the simulated `expandable` on the same traces: a sentence, or ''."""
+    gpu = os.path.join(ROOT, "bench", "results", "h200-replay.jsonl")
+    if not os.path.exists(gpu):
+        return ""
+    with open(gpu) as f:
+        real = {j["trace"]: j["fragmentation"] for j in map(json.loads, f) if j["allocator"] == "torch-expandable"}
+    d = [100 * (real[t] - f) for t, f in simulated.items() if t in real]
+    if not d:
+        return ""
+    return (f"On the {len(d)} traces above, PyTorch's own expandable segments on the H200 reserved more than this "
+            f"simulation on {sum(1 for x in d if x > 0.005)} and less on {sum(1 for x in d if x < -0.005)} "
+            f"({min(d):+.1f} to {max(d):+.1f} points of fragmentation; `bench/results/h200-replay.jsonl`), so "
+            "`more than expandable` counts jobs where gmlake may still be at or below the real peer.")
+
+
+def variants_section(replay, n, calibration):
+    """Replays n more jobs of each synthetic pattern (other seeds) under gmlake and the
+    simulated peers; returns the section's lines."""
+    out = tempfile.mkdtemp(prefix="gmlake-variants-")
+    subprocess.run([sys.executable, os.path.join(ROOT, "bench", "synth_traces.py"), "--variants", str(n), out],
+                   check=True, capture_output=True)
+
+    def replay_one(trace):
+        cmd = [replay, "--json", "--config", "gmlake", "--config", "expandable", "--config", "bfc", trace]
+        r = subprocess.run(cmd, check=False, capture_output=True, text=True)
+        if r.returncode not in (0, 1):
+            sys.exit(f"{' '.join(cmd)} failed: {r.stderr}")
+        return {j["allocator"]: j for j in (json.loads(l) for l in r.stdout.splitlines() if l.startswith("{"))}
+
+    traces = sorted(glob.glob(os.path.join(out, "*.trace.gz")))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        results = list(pool.map(replay_one, traces))
+    by_pattern = {}
+    for t, r in zip(traces, results):
+        by_pattern.setdefault(os.path.basename(t).rsplit("-v", 1)[0], []).append(r)
+    lines = ["", f"## Jobs not tuned on: {n} more of each synthetic pattern", "",
+             f"`python3 bench/synth_traces.py --variants {n} DIR` writes {n} more jobs of each synthetic pattern",
+             "from other seeds (1000 k + the pattern's seed); no setting was tuned on them. Each is replayed with",
+             "`gmlake-replay --json --config gmlake --config expandable --config bfc`. There are no H200 peer",
+             "figures for them, so the peers here are the simulated ones: `bfc` (PyTorch's default allocator)",
+             "and `expandable` (expandable segments, grown one 2 MiB slot at a time)." +
+             (" " + calibration if calibration else ""), "",
+             "| pattern | jobs | gmlake frag mean / max | jobs above 1% | expandable frag mean | bfc frag mean "
+             "| gmlake reserves more than expandable | driver us/iter after 4, mean / max | jobs above 1 ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name in sorted(by_pattern):
+        rs = by_pattern[name]
+        k = len(rs)
+        frag = [r["gmlake"]["fragmentation"] for r in rs]
+        drv = [r["gmlake"]["driver_us_per_iter_after_4"] for r in rs]
+        more = sum(1 for r in rs if r["gmlake"]["peak_reserved_bytes"] > r["expandable"]["peak_reserved_bytes"])
+        lines.append(f"| {name} | {k} | {100 * sum(frag) / k:.2f}% / {100 * max(frag):.2f}% | "
+                     f"{sum(1 for f in frag if f > 0.01)} | "
+                     f"{100 * sum(r['expandable']['fragmentation'] for r in rs) / k:.2f}% | "
+                     f"{100 * sum(r['bfc']['fragmentation'] for r in rs) / k:.2f}% | {more} | "
+                     f"{sum(drv) / k:.0f} / {max(drv):.0f} | {sum(1 for d in drv if d > 1000)} |")
+        failed = sum(r["gmlake"]["failed"] for r in rs)
+        if failed:
+            print(f"{name} variants: gmlake failed {failed} allocations", file=sys.stderr)
+    every = [r for rs in by_pattern.values() for r in rs]
+    lines += ["", f"Over all {len(every)}: gmlake's mean fragmentation "
+              f"{100 * sum(r['gmlake']['fragmentation'] for r in every) / len(every):.3f}%, mean driver time "
+              f"{sum(r['gmlake']['driver_us_per_iter_after_4'] for r in every) / len(every):.0f} us per iteration "
+              "after `i 4`.", ""]
+    return lines
 
 
 def plot(name, rows, timeline, out_png):
@@ -98,9 +173,12 @@ def main():
     ap.add_argument("--replay", default=os.path.join(ROOT, "build", "bench", "gmlake-replay"))
     ap.add_argument("--traces", action="append")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs"))
+    ap.add_argument("--variants", type=int, default=8)
     a = ap.parse_args()
     synth = os.path.join(ROOT, "bench", "traces", "synthetic")
-    if not a.traces:
+    if a.traces:
+        a.variants = 0  # other traces: no synthetic jobs added
+    else:
         if not glob.glob(os.path.join(synth, "*.trace.gz")):
             subprocess.run([sys.executable, os.path.join(ROOT, "bench", "synth_traces.py"), synth], check=True)
         a.traces = [os.path.join(ROOT, "bench", "traces"), synth]
@@ -130,6 +208,7 @@ def main():
              "| trace | frag | best peer | driver us/iter after 4 | handles created after 4 | ns/op gmlake / bfc |",
              "|---|---|---|---|---|---|"]
     sections = []
+    simulated_expandable = {}
     options = {c: ["", f"## Option: {title} (`{c}`)", ""] + text + [
         "", f"| trace | frag gmlake | frag {c} | driver us/iter after 4, gmlake | {c} |", "|---|---|---|---|---|"]
         for c, (title, text) in OPTIONS.items()}
@@ -143,6 +222,7 @@ def main():
         name = rows[0]["trace"]
         by = {r["allocator"]: r for r in rows}
         g, b = by["gmlake"], by["bfc"]
+        simulated_expandable[name] = by["expandable"]["fragmentation"]
         live = g["peak_live_bytes"]
         pf = {}
         for key, label in PEERS:
@@ -190,8 +270,9 @@ def main():
     lines += ["", "Peers: `bench/peers/gpu-replay-peers.json` (PyTorch 2.11 and `cudaMallocAsync` replaying the",
               "same trace on the H200, [bench/peers/README.md](../bench/peers/README.md)); their fragmentation uses",
               "the same peak live. Their ns/op is the H200 host's, not comparable with ours.", ""]
+    held_out = variants_section(a.replay, a.variants, expandable_vs_h200(simulated_expandable)) if a.variants > 0 else []
     with open(os.path.join(a.out, "benchmarks.md"), "w") as f:
-        f.write("\n".join(lines + sum((o[1:] + [""] for o in options.values()), []) + sections))
+        f.write("\n".join(lines + sum((o[1:] + [""] for o in options.values()), []) + held_out[1:] + [""] + sections))
     # The README's Figures section: the summary, between its markers.
     readme = os.path.join(ROOT, "README.md")
     if os.path.abspath(a.out) == os.path.join(ROOT, "docs") and os.path.exists(readme):

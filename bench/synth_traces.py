@@ -281,6 +281,8 @@ def main():
         if len(args) != 3:
             sys.exit("usage: synth_traces.py [OUTDIR] | --variants N OUTDIR")
         variants, args = int(args[1]), args[2:]
+    if len(args) > 1 or (args and args[0].startswith("-")):
+        sys.exit("usage: synth_traces.py [OUTDIR] | --variants N OUTDIR")
     out = args[0] if args else os.path.join(os.path.dirname(__file__), "traces", "synthetic")
     os.makedirs(out, exist_ok=True)
     for name, fn, seed in PATTERNS:
