@@ -14,25 +14,15 @@
 // whole chunks.
 #include <cuda.h>
 
+#include "probe.hpp"
+
 #include <chrono>
 #include <cstdio>
 #include <vector>
 
-namespace {
-int failures = 0;
-void check(CUresult r, const char* what) {
-  if (r == CUDA_SUCCESS) return;
-  const char* s = "";
-  cuGetErrorString(r, &s);
-  std::printf("FAIL %s -> %d %s\n", what, static_cast<int>(r), s);
-  ++failures;
-}
-#define CK(x) check((x), #x)
-using clock_type = std::chrono::steady_clock;
-double us_since(clock_type::time_point t) {
-  return std::chrono::duration<double, std::micro>(clock_type::now() - t).count();
-}
-}  // namespace
+using probe::clock_type;
+using probe::failures;
+using probe::us_since;
 
 int main() {
   CK(cuInit(0));

@@ -17,11 +17,13 @@
 //   nvcc -O2 -std=c++20 -o vmm_concurrency_probe bench/vmm_concurrency_probe.cu -lcuda && ./vmm_concurrency_probe
 //
 // On the H200 (driver 580.159.04, bench/results/h200-vmm-concurrency.txt) the driver
-// serializes these calls: 64 handles of 2 MiB took 31-33 us each by one call, a call
-// each, or on an alias, and 34-36 / 40-43 / 51-56 us each from 2 / 4 / 8 threads;
+// serializes these calls: 64 handles of 2 MiB took 28-33 us each by one call, a call
+// each, or on an alias, and 32-36 / 38-43 / 49-56 us each from 2 / 4 / 8 threads;
 // creates and unmap + release were slower from 4 threads too. gmlake therefore makes
 // its driver calls from the requesting thread, one access call per run of handles.
 #include <cuda.h>
+
+#include "probe.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -30,19 +32,10 @@
 #include <vector>
 
 namespace {
-int failures = 0;
-void check(CUresult r, const char* what) {
-  if (r == CUDA_SUCCESS) return;
-  const char* s = "";
-  cuGetErrorString(r, &s);
-  std::printf("FAIL %s -> %d %s\n", what, static_cast<int>(r), s);
-  ++failures;
-}
-#define CK(x) check((x), #x)
-using clock_type = std::chrono::steady_clock;
-double us_since(clock_type::time_point t) {
-  return std::chrono::duration<double, std::micro>(clock_type::now() - t).count();
-}
+using probe::clock_type;
+using probe::failures;
+using probe::us_since;
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
@@ -99,7 +92,7 @@ double set_access_threads(const handles& s, CUdeviceptr va, int threads) {
   });
 }
 
-void probe(int n, std::size_t bytes, int reps) {
+void measure(int n, std::size_t bytes, int reps) {
   const double mib = static_cast<double>(bytes) / (1 << 20);
   std::vector<double> one, each, alias, t2, t4, t8, create1, create4, free1, free4;
   for (int r = 0; r < reps; ++r) {
@@ -175,10 +168,10 @@ int main() {
   prop.location.id = 0;
   rw.location = prop.location;
   rw.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  probe(8, std::size_t{2} << 20, 3);  // warm-up, not reported apart
-  probe(64, std::size_t{2} << 20, 9);
-  probe(16, std::size_t{32} << 20, 9);
-  probe(4, std::size_t{256} << 20, 9);
+  measure(8, std::size_t{2} << 20, 3);  // warm-up, not reported apart
+  measure(64, std::size_t{2} << 20, 9);
+  measure(16, std::size_t{32} << 20, 9);
+  measure(4, std::size_t{256} << 20, 9);
   std::printf("%d failed calls\n", failures);
   return failures == 0 ? 0 : 1;
 }
