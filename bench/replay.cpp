@@ -521,8 +521,8 @@ int main(int argc, char** argv) {
                       b.cached_stitch_bytes / mb);
           const auto& l = o.at_live;
           std::printf("    at peak live: reserved %.0f MB (%.0f MB over live); inside blocks %.0f MB; small arena "
-                      "free %.0f of %.0f MB; large free %.0f MB whole chunks + %.0f MB partial chunks; pending on "
-                      "other streams %.0f MB; cached stitches %zu (%.0f MB VA)\n",
+                      "free %.0f of %.0f MB; large free %.0f MB whole chunks + %.0f MB partial chunks; of the free, "
+                      "not yet usable on other streams %.0f MB; cached stitches %zu (%.0f MB VA)\n",
                       o.reserved_at_live / mb, (o.reserved_at_live - static_cast<double>(o.peak_live)) / mb,
                       (l.active - static_cast<double>(o.peak_live)) / mb, l.small_free / mb, l.small_reserved / mb,
                       l.large_free_whole / mb, l.large_free_partial / mb, l.free_pending / mb, l.cached_stitches,

@@ -107,7 +107,8 @@ struct memory_breakdown {
   std::size_t large_reserved = 0;      ///< chunk bytes of the large arena
   std::size_t large_free_whole = 0;    ///< free bytes in whole chunks (stitchable)
   std::size_t large_free_partial = 0;  ///< free bytes in partly used chunks (not stitchable)
-  std::size_t free_pending = 0;        ///< free bytes still pending on another stream (both arenas)
+  std::size_t free_pending = 0;        ///< free bytes whose stream work is not known done: usable on the
+                                       ///< stream that freed them, not yet on others (both arenas)
   std::size_t cached_stitches = 0;     ///< inactive stitched blocks cached
   std::size_t cached_stitch_bytes = 0; ///< their mapped (virtual) bytes
   std::size_t quarantined = 0;         ///< chunk bytes quarantined after a failed undo (not in reserved)

@@ -433,8 +433,8 @@ class arena {
   [[nodiscard]] std::uint32_t new_segment() noexcept { return ++segments_; }
 
   /// Where the arena's bytes are: chunk bytes held, used, free in whole chunks
-  /// (stitchable), free in partial chunks (heads and tails), free but still
-  /// pending on another stream. O(ranges).
+  /// (stitchable), free in partial chunks (heads and tails), free but whose stream
+  /// work is not known done (not yet usable on other streams). O(ranges).
   struct tally_type {
     std::size_t reserved = 0, used = 0, free_whole = 0, free_partial = 0, free_pending = 0;
     std::size_t quarantined = 0;  ///< chunk bytes in quarantined ranges (not in reserved)
