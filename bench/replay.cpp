@@ -11,6 +11,7 @@
 
 #include "trace.hpp"
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -362,25 +363,39 @@ outcome run(const trace& t, const char* name, const knobs& k, const cost_model& 
   return replay(t, name, k, *a);
 }
 
+/// gmlake with one option changed: each configuration's name and its change.
+struct option_config {
+  const char* name;
+  void (*change)(knobs&);
+};
+constexpr option_config option_configs[] = {
+    {"gmlake", [](knobs&) {}},
+    {"gmlake-noedges", [](knobs& e) { e.edges = 0; }},
+    {"gmlake-noappend", [](knobs& e) { e.opt.append_room = 0; }},
+    {"gmlake-smallslot", [](knobs& e) { e.small_divisor = 0; }},
+};
+
 /// Every configuration the tool knows: the named ones of configs.hpp first.
 const std::vector<std::string>& config_names() {
-  static const std::vector<std::string> names = {"gmlake", "bfc", "expandable", "gmlake-paper", "largest-first",
-                                                 "gmlake-noedges", "gmlake-noappend", "gmlake-smallslot"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n = {"gmlake", "bfc", "expandable", "gmlake-paper", "largest-first"};
+    for (const auto& o : option_configs)
+      if (std::find(n.begin(), n.end(), o.name) == n.end()) n.emplace_back(o.name);
+    return n;
+  }();
   return names;
 }
 
 outcome run_config(const trace& t, const std::string& config, const knobs& k, const cost_model& cost) {
   using namespace gmlake;
-  if (config == "gmlake" || config == "gmlake-noedges" || config == "gmlake-noappend" ||
-      config == "gmlake-smallslot") {  // or one option off
-    knobs e = k;
-    if (config == "gmlake-noedges") e.edges = 0;
-    if (config == "gmlake-noappend") e.opt.append_room = 0;
-    if (config == "gmlake-smallslot") e.small_divisor = 0;
-    policy::best_fit_pieces p;
-    if (k.pieces) p.pieces = k.pieces;
-    return run(t, config.c_str(), e, cost, p);
-  }
+  for (const auto& o : option_configs)
+    if (config == o.name) {
+      knobs e = k;
+      o.change(e);
+      policy::best_fit_pieces p;
+      if (k.pieces) p.pieces = k.pieces;
+      return run(t, o.name, e, cost, p);
+    }
   if (config == "bfc") return run(t, "bfc", k, cost, policy::no_stitch{});
   if (config == "expandable") return run(t, "expandable", k, cost, policy::expand_only{});
   if (config == "gmlake-paper") return run(t, "gmlake-paper", k, cost, policy::gmlake_paper{});

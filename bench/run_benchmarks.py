@@ -25,8 +25,6 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = ["gmlake", "bfc", "expandable", "gmlake-paper", "largest-first", "gmlake-noedges", "gmlake-noappend",
-           "gmlake-smallslot"]
 # gmlake with an option off, not an alternative allocator: its section's title and text.
 OPTIONS = {
     "gmlake-noedges": ("no stitch edges", [
@@ -47,16 +45,22 @@ OPTIONS = {
         "grows it one slot per chunk: one create, map and set access per 2 MiB ([docs/design.md](design.md),",
         "\"Growth\")."]),
 }
+CONFIGS = ["gmlake", "bfc", "expandable", "gmlake-paper", "largest-first"] + list(OPTIONS)
 PEERS = [("torch-default", "PyTorch default"), ("torch-expandable", "PyTorch expandable_segments"),
          ("cudaMallocAsync", "cudaMallocAsync pool")]
 
 
-def run(replay, trace, timeline):
-    cmd = [replay, "--json", "--timeline", timeline] + sum((["--config", c] for c in CONFIGS), []) + [trace]
+def replay_json(replay, args, trace):
+    """gmlake-replay --json ARGS TRACE: its rows, one per configuration."""
+    cmd = [replay, "--json"] + args + [trace]
     out = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if out.returncode not in (0, 1):
         sys.exit(f"{' '.join(cmd)} failed: {out.stderr}")
     return [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
+
+
+def run(replay, trace, timeline):
+    return replay_json(replay, ["--timeline", timeline] + sum((["--config", c] for c in CONFIGS), []), trace)
 
 
 def expandable_vs_h200(simulated):
@@ -84,11 +88,8 @@ def variants_section(replay, n, calibration):
                    check=True, capture_output=True)
 
     def replay_one(trace):
-        cmd = [replay, "--json", "--config", "gmlake", "--config", "expandable", "--config", "bfc", trace]
-        r = subprocess.run(cmd, check=False, capture_output=True, text=True)
-        if r.returncode not in (0, 1):
-            sys.exit(f"{' '.join(cmd)} failed: {r.stderr}")
-        return {j["allocator"]: j for j in (json.loads(l) for l in r.stdout.splitlines() if l.startswith("{"))}
+        rows = replay_json(replay, ["--config", "gmlake", "--config", "expandable", "--config", "bfc"], trace)
+        return {r["allocator"]: r for r in rows}
 
     traces = sorted(glob.glob(os.path.join(out, "*.trace.gz")))
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:

@@ -267,6 +267,9 @@ PATTERNS = [("synth-kvcache", kvcache, 1), ("synth-offload", offload, 2), ("synt
             ("synth-vision", vision, 7)]
 
 
+USAGE = "usage: synth_traces.py [OUTDIR] | --variants N OUTDIR"
+
+
 def write(out, name, fn, seed):
     w = writer(os.path.join(out, name + ".trace.gz"), name)
     fn(w, random.Random(seed))
@@ -279,10 +282,10 @@ def main():
     variants = 0
     if args[:1] == ["--variants"]:
         if len(args) != 3:
-            sys.exit("usage: synth_traces.py [OUTDIR] | --variants N OUTDIR")
+            sys.exit(USAGE)
         variants, args = int(args[1]), args[2:]
     if len(args) > 1 or (args and args[0].startswith("-")):
-        sys.exit("usage: synth_traces.py [OUTDIR] | --variants N OUTDIR")
+        sys.exit(USAGE)
     out = args[0] if args else os.path.join(os.path.dirname(__file__), "traces", "synthetic")
     os.makedirs(out, exist_ok=True)
     for name, fn, seed in PATTERNS:
