@@ -1,12 +1,13 @@
 // gmlake-gpu-replay: replays allocation traces on a real GPU through one allocator
 // per process, streams honoured, and prints one JSON line per trace.
 //
-//   gmlake-gpu-replay --allocator gmlake|async|torch [--device N] TRACE.trace.gz...
+//   gmlake-gpu-replay --allocator gmlake|async|torch [--device N] [--settings KEY:VALUE,...] TRACE.trace.gz...
 //
 // Run one trace per process when comparing peaks: PyTorch's peak is not reset
 // between traces (gmlake's and the pool's are).
 //
-//   gmlake  gmlake's default allocator on the CUDA VMM backend
+//   gmlake  gmlake's default allocator on the CUDA VMM backend (--settings: with those
+//           overrides of its rules, gmlake/settings.hpp; the rows are named gmlake:SETTINGS)
 //   async   cudaMallocAsync / cudaFreeAsync on the device's default memory pool
 //           (release threshold: never), as PyTorch's backend:cudaMallocAsync
 //   torch   PyTorch's caching allocator through libtorch (c10 raw_alloc_with_stream /
@@ -25,6 +26,7 @@
 #include <gmlake/allocator.hpp>
 #include <gmlake/backend/cuda_vmm.hpp>
 #include <gmlake/configs.hpp>
+#include <gmlake/settings.hpp>
 
 #include "trace.hpp"
 
@@ -41,6 +43,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -122,8 +125,11 @@ struct peer {
 
 struct gmlake_peer final : peer {
   gmlake::allocator<timed_vmm> a;
-  explicit gmlake_peer(int device) : a(timed_vmm(device)) {}
-  const char* name() const override { return "gmlake"; }
+  std::string label;  ///< "gmlake", or "gmlake:" and the settings
+  gmlake_peer(int device, const gmlake::settings& s)
+      : a(timed_vmm(device), s.applied(gmlake::options{}), s.applied(gmlake::policy::best_fit_pieces{})),
+        label(s.str().empty() ? "gmlake" : "gmlake:" + s.str()) {}
+  const char* name() const override { return label.c_str(); }
   void* allocate(std::size_t n, cudaStream_t s) override { return a.try_allocate(n, reinterpret_cast<CUstream>(s)); }
   void free(void* p, std::size_t n, cudaStream_t s) override { a.deallocate(p, n, reinterpret_cast<CUstream>(s)); }
   std::uint64_t peak_reserved() override { return static_cast<std::uint64_t>(a.stats().reserved_bytes.peak); }
@@ -314,13 +320,23 @@ int replay(peer& a, const trace& t, int device) {
 int main(int argc, char** argv) {
   std::string which = "gmlake";
   int device = 0;
+  gmlake::settings settings;
   std::vector<std::string> files;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--allocator" && i + 1 < argc) which = argv[++i];
     else if (a == "--device" && i + 1 < argc) device = std::atoi(argv[++i]);
-    else if (a == "-h" || a == "--help") {
-      std::puts("usage: gmlake-gpu-replay --allocator gmlake|async|torch [--device N] TRACE.trace.gz...");
+    else if (a == "--settings" && i + 1 < argc) {
+      try {
+        settings = gmlake::parse_settings(argv[++i]);
+      } catch (const std::invalid_argument& e) {
+        std::fprintf(stderr, "gmlake-gpu-replay: %s\n", e.what());
+        return 2;
+      }
+    } else if (a == "-h" || a == "--help") {
+      std::puts("usage: gmlake-gpu-replay --allocator gmlake|async|torch [--device N] [--settings KEY:VALUE,...]\n"
+                "                         TRACE.trace.gz...\n"
+                "--settings: gmlake's rules overridden (gmlake/settings.hpp); the rows are named gmlake:SETTINGS");
       return 0;
     } else files.push_back(a);
   }
@@ -334,7 +350,7 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<peer> a;
   try {
-    if (which == "gmlake") a = std::make_unique<gmlake_peer>(device);
+    if (which == "gmlake") a = std::make_unique<gmlake_peer>(device, settings);
     else if (which == "async") a = std::make_unique<async_peer>(device);
 #ifdef GMLAKE_HAVE_TORCH
     else if (which == "torch") a = std::make_unique<torch_peer>(device);

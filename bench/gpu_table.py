@@ -41,7 +41,7 @@ def table(path):
             r = by.get(name)
             if r is None:
                 continue
-            drv = f"{r['driver_us_per_iter_after_4']:.1f}" if name == "gmlake" else "n/a"
+            drv = f"{r['driver_us_per_iter_after_4']:.1f}" if name.startswith("gmlake") else "n/a"
             out.append(f"| {trace} | {name} | {r['peak_live_bytes']/1e9:.2f} | {r['peak_reserved_bytes']/1e9:.2f} "
                        f"| {r['device_peak_bytes']/1e9:.2f} | {100*r['fragmentation']:.2f}% | {r['ns_per_op_after_4']:.0f} "
                        f"| {drv} | {r['device_allocs_after_4']} | {r['failed']} |")

@@ -2,7 +2,11 @@
 // every built-in configuration on the simulated backend, and prints what each
 // reserves.
 //
-//   gmlake-replay [--json] [--config NAME]... [--cost-model FILE] TRACE.trace.gz...
+//   gmlake-replay [--json] [--config NAME]... [--cost-model FILE] [--settings KEY:VALUE,...] TRACE.trace.gz...
+//
+// --settings overrides the configurations' rules with the keys of gmlake/settings.hpp,
+// as GMLAKE_ALLOC_CONF does in the PyTorch integration (--help lists the older flags,
+// each one key).
 //
 // Peak live = peak of the sum of live requests, each rounded up to 512 B.
 // Fragmentation = 1 - peak live / peak reserved. Backend calls after the `i 4`
@@ -22,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <unistd.h>
 #include <unordered_map>
@@ -198,12 +203,8 @@ struct outcome {
 /// Tunables given on the command line (the same for every configuration): the
 /// structural options, and overrides of the stitch policies' fields and growth rules.
 struct knobs {
-  gmlake::options opt;
-  std::optional<std::size_t> max_chunk, floor, floor_divisor, big_growth, big_chunk, edges;
-  std::optional<std::size_t> small_divisor, small_cap;  ///< the small arena's growth
-  bool no_lend = false, lend_to_small = false;
+  gmlake::settings set;      ///< overrides of the configurations' rules (--settings and the flags)
   std::string timeline_dir;  ///< write TRACE.CONFIG.csv (event, live, reserved) here
-  std::size_t pieces = 0;    ///< 0: the policy's default cap on pieces per stitch
   bool log_driver = false;   ///< print every operation after i 4 that cost driver time (stderr)
   std::size_t snap_event = SIZE_MAX;  ///< take outcome::at_live after this event
 };
@@ -332,34 +333,12 @@ outcome replay(const trace& t, const char* name, const knobs& k, Allocator& a) {
   return o;
 }
 
-/// Policy p with the command line's overrides: chunk size, lending and the small
-/// arena's growth everywhere, the growth floor and big chunks where the policy has
-/// them, edges where it stitches.
-template <class Policy>
-Policy tuned(Policy p, const knobs& k) {
-  gmlake::policy::growth_rules& g = p.grow;
-  if (k.max_chunk) g.max_chunk = *k.max_chunk;
-  if (k.no_lend) g.lends.to_large = false;
-  if (k.lend_to_small) g.lends.to_small = true;
-  if (g.floor != 0 || g.floor_divisor != 0) {
-    if (k.floor) g.floor = *k.floor;
-    if (k.floor_divisor) g.floor_divisor = *k.floor_divisor;
-    if (k.big_growth) g.big_growth = *k.big_growth;
-    if (k.big_chunk) g.big_chunk = *k.big_chunk;
-  }
-  if (k.small_divisor) g.small_divisor = *k.small_divisor;
-  if (k.small_cap) g.small_cap = *k.small_cap;
-  if constexpr (requires { p.edges; })
-    if (k.edges) p.edges = *k.edges;
-  return p;
-}
-
 /// Replays t through basic_allocator<costed, Policy> (LRU eviction, best fit: the
 /// configurations of configs.hpp differ in their stitch policy only).
 template <class Policy>
 outcome run(const trace& t, const char* name, const knobs& k, const cost_model& cost, const Policy& p) {
-  auto a = std::make_unique<gmlake::basic_allocator<costed, Policy>>(costed(std::size_t{1} << 40, 0, &cost), k.opt,
-                                                                      tuned(p, k));
+  auto a = std::make_unique<gmlake::basic_allocator<costed, Policy>>(costed(std::size_t{1} << 40, 0, &cost),
+                                                                      k.set.applied(gmlake::options{}), k.set.applied(p));
   return replay(t, name, k, *a);
 }
 
@@ -370,9 +349,9 @@ struct option_config {
 };
 constexpr option_config option_configs[] = {
     {"gmlake", [](knobs&) {}},
-    {"gmlake-noedges", [](knobs& e) { e.edges = 0; }},
-    {"gmlake-noappend", [](knobs& e) { e.opt.append_room = 0; }},
-    {"gmlake-smallslot", [](knobs& e) { e.small_divisor = 0; }},
+    {"gmlake-noedges", [](knobs& e) { e.set.edges = 0; }},
+    {"gmlake-noappend", [](knobs& e) { e.set.append_room = 0; }},
+    {"gmlake-smallslot", [](knobs& e) { e.set.small_divisor = 0; }},
 };
 
 /// Every configuration the tool knows: the named ones of configs.hpp first.
@@ -392,9 +371,7 @@ outcome run_config(const trace& t, const std::string& config, const knobs& k, co
     if (config == o.name) {
       knobs e = k;
       o.change(e);
-      policy::best_fit_pieces p;
-      if (k.pieces) p.pieces = k.pieces;
-      return run(t, o.name, e, cost, p);
+      return run(t, o.name, e, cost, policy::best_fit_pieces{});
     }
   if (config == "bfc") return run(t, "bfc", k, cost, policy::no_stitch{});
   if (config == "expandable") return run(t, "expandable", k, cost, policy::expand_only{});
@@ -411,44 +388,64 @@ double frag(const outcome& o) {
   return o.peak_reserved ? 1.0 - static_cast<double>(o.peak_live) / static_cast<double>(o.peak_reserved) : 0;
 }
 
+/// The tool's older flags: each sets one settings key (`fixed`: the value of a flag
+/// that takes none).
+struct setting_flag {
+  const char* flag;
+  const char* key;
+  const char* fixed;
+};
+constexpr setting_flag setting_flags[] = {
+    {"--chunk-mib", "chunk_mib", nullptr},
+    {"--small-max-kib", "small_max_kib", nullptr},
+    {"--cached-scan", "cached_scan", nullptr},
+    {"--repair-chunks", "repair_chunks", nullptr},
+    {"--append-room", "append_room", nullptr},
+    {"--pieces", "stitch_pieces", nullptr},
+    {"--max-handle-mib", "max_chunk_mib", nullptr},
+    {"--big-growth-mib", "big_growth_mib", nullptr},
+    {"--big-handle-mib", "big_chunk_mib", nullptr},
+    {"--min-growth-mib", "min_growth_mib", nullptr},
+    {"--growth-divisor", "growth_divisor", nullptr},
+    {"--small-growth-divisor", "small_growth_divisor", nullptr},
+    {"--small-growth-cap-mib", "small_growth_cap_mib", nullptr},
+    {"--stitch-edges-mib", "stitch_edges_mib", nullptr},
+    {"--no-lend", "lend_to_large", "false"},
+    {"--lend-to-small", "lend_to_small", "true"},
+};
+
+const setting_flag* flag_named(const std::string& a) {
+  for (const auto& f : setting_flags)
+    if (a == f.flag) return &f;
+  return nullptr;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
   bool json = false, breakdown = false;
   std::vector<std::string> configs, files;
-  std::string cost_path;
+  std::string cost_path, settings_text;
   knobs k;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto num = [&](std::size_t unit) { return static_cast<std::size_t>(std::stoull(argv[++i])) * unit; };
     if (a == "--json") json = true;
     else if (a == "--breakdown") breakdown = true;
     else if (a == "--config" && i + 1 < argc) configs.push_back(argv[++i]);
     else if (a == "--cost-model" && i + 1 < argc) cost_path = argv[++i];
     else if (a == "--timeline" && i + 1 < argc) k.timeline_dir = argv[++i];
-    else if (a == "--chunk-mib" && i + 1 < argc) k.opt.chunk_size = num(std::size_t{1} << 20);
-    else if (a == "--small-max-kib" && i + 1 < argc) k.opt.small_max = num(1024);
-    else if (a == "--cached-scan" && i + 1 < argc) k.opt.cached_scan = num(1);
-    else if (a == "--repair-chunks" && i + 1 < argc) k.opt.repair_chunks = num(1);
-    else if (a == "--append-room" && i + 1 < argc) k.opt.append_room = num(1);
-    else if (a == "--pieces" && i + 1 < argc) k.pieces = num(1);
-    else if (a == "--no-lend") k.no_lend = true;
-    else if (a == "--lend-to-small") k.lend_to_small = true;
-    else if (a == "--max-handle-mib" && i + 1 < argc) k.max_chunk = num(std::size_t{1} << 20);
     else if (a == "--log-driver") k.log_driver = true;
-    else if (a == "--big-growth-mib" && i + 1 < argc) k.big_growth = num(std::size_t{1} << 20);
-    else if (a == "--big-handle-mib" && i + 1 < argc) k.big_chunk = num(std::size_t{1} << 20);
-    else if (a == "--stitch-edges-mib" && i + 1 < argc) k.edges = num(std::size_t{1} << 20);
-    else if (a == "--growth-divisor" && i + 1 < argc) k.floor_divisor = num(1);
-    else if (a == "--min-growth-mib" && i + 1 < argc) k.floor = num(std::size_t{1} << 20);
-    else if (a == "--small-growth-divisor" && i + 1 < argc) k.small_divisor = num(1);
-    else if (a == "--small-growth-cap-mib" && i + 1 < argc) k.small_cap = num(std::size_t{1} << 20);
+    else if (a == "--settings" && i + 1 < argc) (settings_text += ',') += argv[++i];
+    else if (const setting_flag* f = flag_named(a); f != nullptr && (f->fixed != nullptr || i + 1 < argc))
+      settings_text += std::string(",") + f->key + ":" + (f->fixed != nullptr ? f->fixed : argv[++i]);
     else if (a == "-h" || a == "--help") {
       std::printf("usage: gmlake-replay [--json] [--breakdown] [--config NAME]... [--cost-model FILE]\n"
-                  "                     [--timeline DIR] [--chunk-mib N] [--small-max-kib N] [--cached-scan N]\n"
-                  "                     [--repair-chunks N] [--append-room N]\n"
-                  "                     [--pieces N] [--max-handle-mib N] [--min-growth-mib N]\n                     [--growth-divisor N] [--small-growth-divisor N] [--small-growth-cap-mib N]\n                     [--big-growth-mib N] [--big-handle-mib N] [--no-lend]\n                     [--lend-to-small] [--stitch-edges-mib N] [--log-driver]\n"
-                  "                     TRACE.trace.gz...\nconfigurations:");
+                  "                     [--timeline DIR] [--log-driver] [--settings KEY:VALUE,...]\n"
+                  "                     [FLAG [N]]... TRACE.trace.gz...\n"
+                  "settings: the keys of gmlake/settings.hpp (GMLAKE_ALLOC_CONF); the flags set one each:\n");
+      for (const auto& f : setting_flags)
+        std::printf("  %-24s %s:%s\n", f.flag, f.key, f.fixed != nullptr ? f.fixed : "N");
+      std::printf("configurations:");
       for (const auto& n : config_names()) std::printf(" %s", n.c_str());
       std::puts("\n(default: gmlake bfc expandable gmlake-paper). Progress goes to stderr when it is a terminal.");
       return 0;
@@ -456,6 +453,12 @@ int main(int argc, char** argv) {
   }
   if (files.empty()) {
     std::fputs("gmlake-replay: no trace given (try --help)\n", stderr);
+    return 2;
+  }
+  try {
+    k.set = gmlake::parse_settings(settings_text);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "gmlake-replay: %s\n", e.what());
     return 2;
   }
   if (configs.empty()) configs = {"gmlake", "bfc", "expandable", "gmlake-paper"};
