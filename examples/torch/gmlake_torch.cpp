@@ -10,6 +10,7 @@
 #include <gmlake/allocator.hpp>
 #include <gmlake/backend/cuda_vmm.hpp>
 #include <gmlake/configs.hpp>
+#include <gmlake/settings.hpp>
 
 #include <array>
 #include <atomic>
@@ -18,6 +19,8 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <optional>
+#include <stdexcept>
 
 namespace {
 
@@ -27,7 +30,11 @@ using allocator = gmlake::allocator<backend>;
 constexpr int max_devices = 64;
 
 std::array<std::atomic<allocator*>, max_devices> allocators{};
-std::mutex make_mutex;  // only for making an allocator
+std::mutex make_mutex;  // only for making an allocator, and for the settings
+/// The rules' overrides every allocator is made with (gmlake_torch_configure, else
+/// $GMLAKE_ALLOC_CONF read at the first allocator made). Guarded by make_mutex.
+std::optional<gmlake::settings> configured;
+bool any_made = false;  // an allocator exists: the settings are fixed. Guarded by make_mutex.
 
 thread_local char last_error[512] = "";
 
@@ -79,9 +86,17 @@ allocator* get(int device, bool make) noexcept {
   a = allocators[device].load(std::memory_order_relaxed);
   if (a != nullptr) return a;
   try {
-    gmlake::options opt;
+    if (!configured) {
+      const char* env = std::getenv("GMLAKE_ALLOC_CONF");
+      configured = gmlake::parse_settings(env != nullptr ? env : "");
+    }
+    gmlake::options opt = configured->applied(gmlake::options{});
     opt.on_misuse = &on_misuse;
-    a = new allocator(backend(device), opt);
+    a = new allocator(backend(device), opt, configured->applied(gmlake::policy::best_fit_pieces{}));
+    any_made = true;
+  } catch (const std::invalid_argument& e) {
+    set_error((std::string("GMLAKE_ALLOC_CONF: ") + e.what()).c_str());
+    return nullptr;
   } catch (const std::exception& e) {
     set_error(e.what());
     return nullptr;
@@ -203,6 +218,36 @@ uint64_t gmlake_torch_empty_cache(int device) {
 
 void gmlake_torch_reset_peak_stats(int device) {
   for_devices(device, [](allocator& a) { a.reset_peaks(); });
+}
+
+int gmlake_torch_configure(const char* conf) {
+  try {
+    const gmlake::settings s = gmlake::parse_settings(conf != nullptr ? conf : "");
+    std::lock_guard lock(make_mutex);
+    if (any_made && s != *configured) {
+      set_error(("gmlake: settings can change only before the first allocation (in force: \"" +
+                 configured->str() + "\")").c_str());
+      return -2;
+    }
+    configured = s;
+    return 0;
+  } catch (const std::invalid_argument& e) {
+    set_error(e.what());
+    return -1;
+  } catch (const std::exception& e) {  // no memory for the message's string
+    set_error(e.what());
+    return -2;
+  }
+}
+
+uint64_t gmlake_torch_configured(char* out, uint64_t size) {
+  std::string s;
+  {
+    std::lock_guard lock(make_mutex);
+    if (configured) s = configured->str();
+  }
+  if (out != nullptr && size != 0) std::snprintf(out, size, "%s", s.c_str());
+  return s.size() + 1;
 }
 
 const char* gmlake_torch_last_error(void) { return last_error; }

@@ -78,6 +78,19 @@ int gmlake_torch_get_stats(int device, gmlake_torch_stats* out);
  *  visible devices. Returns 0, or -1 on error (see gmlake_torch_last_error). */
 int gmlake_torch_set_limit(int device, uint64_t bytes);
 
+/** Sets the overrides of gmlake's rules that every device's allocator is made
+ *  with: "key:value,key:value" (the keys of gmlake/settings.hpp: chunk sizes, the
+ *  growth floor, stitch edges, ...; "" for none). Without this call the first
+ *  allocator made reads the environment variable GMLAKE_ALLOC_CONF. Returns 0;
+ *  -1 when conf is not valid (the message names the item); -2 when an allocator
+ *  was made already with other settings (they cannot change then). */
+int gmlake_torch_configure(const char* conf);
+
+/** Writes the settings in force ("" before the first allocator is made and
+ *  without gmlake_torch_configure) to out, at most size bytes with the NUL.
+ *  Returns the bytes the whole text needs with its NUL. */
+uint64_t gmlake_torch_configured(char* out, uint64_t size);
+
 /** Releases cached stitched blocks and unused chunks (torch.cuda.empty_cache).
  *  device -1: all devices. Returns the bytes given back to the driver. */
 uint64_t gmlake_torch_empty_cache(int device);

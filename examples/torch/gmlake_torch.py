@@ -49,6 +49,7 @@ __all__ = [
     "memory_allocated",
     "max_memory_allocated",
     "set_limit",
+    "settings",
     "GmlakeTorchStats",
     "find_library",
 ]
@@ -159,6 +160,10 @@ def _load(path):
         lib.gmlake_torch_reset_peak_stats.argtypes = [ctypes.c_int]
         lib.gmlake_torch_last_error.restype = ctypes.c_char_p
         lib.gmlake_torch_last_error.argtypes = []
+        lib.gmlake_torch_configure.restype = ctypes.c_int
+        lib.gmlake_torch_configure.argtypes = [ctypes.c_char_p]
+        lib.gmlake_torch_configured.restype = ctypes.c_uint64
+        lib.gmlake_torch_configured.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
     except AttributeError as e:
         raise RuntimeError(f"gmlake_torch: {path} lacks a function of gmlake_torch.h: {e}") from e
     _lib = lib
@@ -262,7 +267,17 @@ def _refuse_if_initialized(torch):
             "that touch CUDA at import time).")
 
 
-def enable(limit=None, lib=None, native=None):
+def _configure_plugin(conf):
+    """Hands conf to the loaded plugin: ValueError when it is not valid, RuntimeError
+    when the plugin's allocators were made with other settings."""
+    rc = _lib.gmlake_torch_configure(conf.encode())
+    if rc == -1:
+        raise ValueError(_last_error())
+    if rc != 0:
+        raise RuntimeError(_last_error())
+
+
+def enable(limit=None, lib=None, native=None, conf=None):
     """Installs gmlake as PyTorch's CUDA allocator. Call before any CUDA work.
 
     limit: None (no cap), bytes (int), or a fraction 0<f<=1 of the device memory.
@@ -270,14 +285,27 @@ def enable(limit=None, lib=None, native=None):
       False (libgmlake_torch.so through CUDAPluggableAllocator), None (native when
       the extension is installed, else pluggable).
     lib: path of libgmlake_torch.so (pluggable path; else $GMLAKE_TORCH_LIB, else searched).
+    conf: overrides of gmlake's rules, "key:value,key:value" (docs/pytorch.md,
+      "Settings"); None: $GMLAKE_ALLOC_CONF, else none. ValueError, with the item and
+      the reason, when it is not valid; nothing is installed then.
     Returns "native" or the pluggable library's path. Calling it again is harmless
-    (the limit, if given, is applied again). Raises RuntimeError with the reason when
-    the swap is impossible (CUDA already initialized, library missing, ...)."""
+    (the limit and conf, if given, are applied again; settings may change only
+    before CUDA is initialized). Raises RuntimeError with the reason when the swap is impossible
+    (CUDA already initialized, library missing, ...)."""
     global _enabled, _allocator, _native
+    given = conf is not None
+    if not given:
+        conf = os.environ.get("GMLAKE_ALLOC_CONF", "")
+    if not isinstance(conf, str):
+        raise TypeError(f"gmlake_torch.enable(conf=...): expected a str, got {type(conf).__name__}")
     with _lock:
         if _enabled:
             if native is not None and native != (_native is not None):
                 raise RuntimeError("gmlake_torch: already enabled on the other path")
+            if given and _native is not None:
+                _native.install(conf)
+            elif given:
+                _configure_plugin(conf)
             if limit is not None:
                 set_limit(limit)
             return "native" if _native is not None else _lib_path
@@ -291,7 +319,7 @@ def enable(limit=None, lib=None, native=None):
                                "installed; `pip install --no-build-isolation ./examples/torch`")
         _refuse_if_initialized(torch)
         if ext is not None:
-            ext.install()
+            ext.install(conf)
             _native = ext
             _enabled = True
             if limit is not None:
@@ -299,6 +327,7 @@ def enable(limit=None, lib=None, native=None):
             return "native"
         path = find_library(lib)
         _load(path)
+        _configure_plugin(conf)
         try:
             alloc = torch.cuda.memory.CUDAPluggableAllocator(path, ALLOC_FN, FREE_FN)
             torch.cuda.memory.change_current_allocator(alloc)
@@ -312,6 +341,19 @@ def enable(limit=None, lib=None, native=None):
         if limit is not None:
             set_limit(limit)
         return _lib_path
+
+
+def settings():
+    """The overrides of gmlake's rules in force ("key:value,...", "" for none), or
+    None before enable()."""
+    if not _enabled:
+        return None
+    if _native is not None:
+        return _native.settings()
+    need = _lib.gmlake_torch_configured(None, 0)
+    buf = ctypes.create_string_buffer(int(need))
+    _lib.gmlake_torch_configured(buf, need)
+    return buf.value.decode()
 
 
 def is_native():

@@ -39,6 +39,7 @@
 #include <gmlake/allocator.hpp>
 #include <gmlake/backend/cuda_vmm.hpp>
 #include <gmlake/configs.hpp>
+#include <gmlake/settings.hpp>
 
 #include <algorithm>
 #include <array>
@@ -576,6 +577,13 @@ class native_allocator final : public cca::CUDAAllocator {
     return *a;
   }
 
+  /// The overrides of gmlake's rules every allocator here (devices and graph pools)
+  /// is made with: set by install() before CUDA is initialised, fixed after.
+  static gmlake::settings& settings() {
+    static gmlake::settings s;
+    return s;
+  }
+
  private:
   device_state& state(DeviceIndex device) {
     if (!initialized_.load()) init(c10::cuda::device_count());
@@ -599,10 +607,11 @@ class native_allocator final : public cca::CUDAAllocator {
   }
 
   static std::unique_ptr<core> make_core(DeviceIndex device, bool capture) {
-    gmlake::options opt;
+    gmlake::options opt = settings().applied(gmlake::options{});
     opt.on_misuse = &on_misuse;
     if (capture) opt.va_factor = 1;  // a graph pool reserves less address space
-    auto a = std::make_unique<core>(gmlake::backend::cuda_vmm(device), opt);
+    auto a = std::make_unique<core>(gmlake::backend::cuda_vmm(device), opt,
+                                    settings().applied(gmlake::policy::best_fit_pieces{}));
     if (capture) a->set_capture_mode(true);
     return a;
   }
@@ -968,14 +977,24 @@ cca::SnapshotInfo native_allocator::snapshot(MempoolId_t mempool_id, bool includ
   return snapshot_of(*this, mempool_id, include_traces);
 }
 
-/// PyTorch's CUDA allocator is swapped only before CUDA is initialised.
-void install() {
+/// PyTorch's CUDA allocator is swapped only before CUDA is initialised; so are
+/// gmlake's settings (`conf`: "key:value,...", gmlake/settings.hpp) chosen. A `conf`
+/// that is not valid raises ValueError (std::invalid_argument) and changes nothing.
+void install(const std::string& conf) {
+  const gmlake::settings s = gmlake::parse_settings(conf);
   native_allocator& a = native_allocator::instance();
   cca::CUDAAllocator* current = cca::allocator.load();
-  if (current == &a) return;
+  if (current == &a) {
+    TORCH_CHECK(!a.initialized() || s == native_allocator::settings(),
+                "gmlake's settings can change only before CUDA is initialised (in force: \"",
+                native_allocator::settings().str(), "\")");
+    native_allocator::settings() = s;
+    return;
+  }
   TORCH_CHECK(!current->initialized(),
               "gmlake_torch.enable() must come before CUDA is initialised in this process "
               "(before the first CUDA tensor or torch.cuda call that touches the device)");
+  native_allocator::settings() = s;
   // PyTorch's own way in (as torch.cuda.memory.change_current_allocator); the
   // allocator is a static that is never destroyed, so the shared_ptr owns nothing.
   torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(
@@ -1034,7 +1053,9 @@ pybind11::dict segment_kinds(int device) {
 
 PYBIND11_MODULE(_gmlake_torch, m) {
   m.doc() = "gmlake as PyTorch's CUDA allocator (c10 CUDAAllocator); use through gmlake_torch";
-  m.def("install", &install, "Makes gmlake PyTorch's CUDA allocator (before CUDA is initialised).");
+  m.def("install", &install, pybind11::arg("conf") = "",
+        "Makes gmlake PyTorch's CUDA allocator with the settings conf (before CUDA is initialised).");
+  m.def("settings", [] { return native_allocator::settings().str(); }, "The settings in force (\"\": none).");
   m.def("installed", &installed, "Whether gmlake is PyTorch's CUDA allocator.");
   m.def("segment_kinds", &segment_kinds, pybind11::arg("device"),
         "Address of each segment of torch.cuda.memory._snapshot() -> small, large or stitched.");

@@ -15,7 +15,9 @@ The checks: torch.cuda memory statistics calls; empty_cache;
 set_per_process_memory_fraction with the out-of-memory error; record_stream; CUDA
 graphs under torch.cuda.graph (intermediates freed in the capture, tensors made after
 it untouched by replay), with two graphs sharing a pool, make_graphed_callables and
-torch.compile(mode="reduce-overhead"); memory history and snapshots.
+torch.compile(mode="reduce-overhead"); memory history and snapshots; and, in a third
+process, gmlake's settings (enable(conf=...): refused when not valid, applied, fixed once
+CUDA is initialised).
 """
 import json
 import os
@@ -272,8 +274,42 @@ def checks(allocator, out_dir):
     return results
 
 
+def settings_checks():
+    """gmlake_torch.enable(conf=...): a bad conf is refused before anything is
+    installed, a good one sets the chunk sizes, and settings are fixed once in use."""
+    import torch
+    import gmlake_torch
+    results = {}
+    try:
+        gmlake_torch.enable(native=True, conf="max_chunk_mib:64,bogus:1")
+        results["settings_refused"] = {"ok": False, "error": "no error for an unknown key"}
+    except ValueError as e:
+        ok = "'bogus:1'" in str(e) and not gmlake_torch.is_enabled() and not torch.cuda.is_initialized()
+        results["settings_refused"] = ({"ok": True, "value": str(e)[:120]} if ok else
+                                       {"ok": False, "error": f"enabled or CUDA initialised after: {e}"})
+    try:
+        assert gmlake_torch.enable(native=True, conf="max_chunk_mib:64, stitch_edges_mib:0") == "native"
+        assert gmlake_torch.settings() == "max_chunk_mib:64,stitch_edges_mib:0", gmlake_torch.settings()
+        before = gmlake_torch.memory_stats()["gmlake.driver_calls.create"]
+        x = torch.empty(200 * MiB, dtype=torch.uint8, device="cuda")
+        made = gmlake_torch.memory_stats()["gmlake.driver_calls.create"] - before
+        assert made == 4, f"{made} chunks for 200 MiB (3 x 64 MiB + 8 MiB expected)"
+        try:
+            gmlake_torch.enable(conf="max_chunk_mib:128")
+            raise AssertionError("settings changed after CUDA was initialised")
+        except RuntimeError as e:
+            late = str(e)[:120]
+        gmlake_torch.enable()  # again, no conf: harmless
+        del x
+        results["settings_applied"] = {"ok": True, "value": {"chunks_for_200_MiB": made, "late": late}}
+    except Exception as e:
+        results["settings_applied"] = {"ok": False, "error": f"{type(e).__name__}: {e}",
+                                       "trace": traceback.format_exc(limit=4)}
+    return results
+
+
 def child(allocator, out_dir, result_path):
-    res = checks(allocator, out_dir)
+    res = settings_checks() if allocator == "gmlake-settings" else checks(allocator, out_dir)
     with open(result_path, "w") as fh:
         json.dump(res, fh, indent=1, default=str)
 
@@ -296,7 +332,7 @@ def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "torch-test")
     os.makedirs(out_dir, exist_ok=True)
     runs = {}
-    for allocator in ("native", "gmlake"):
+    for allocator in ("native", "gmlake", "gmlake-settings"):
         path = os.path.join(out_dir, f"checks-{allocator}.json")
         r = subprocess.run([sys.executable, __file__, "--child", allocator, out_dir, path])
         if r.returncode != 0 or not os.path.exists(path):
@@ -306,9 +342,12 @@ def main():
         with open(path) as fh:
             runs[allocator] = json.load(fh)
     failed = 0
-    names = list(dict.fromkeys(list(runs.get("native", {})) + list(runs.get("gmlake", {}))))
+    gmlake_runs = {**runs.get("gmlake", {}), **runs.get("gmlake-settings", {})}
+    names = list(dict.fromkeys(list(runs.get("native", {})) + list(gmlake_runs)))
+    if not runs.get("gmlake-settings"):
+        names.append("settings_applied")  # its process failed: counted as a failure
     for name in names:
-        n, g = runs.get("native", {}).get(name), runs.get("gmlake", {}).get(name)
+        n, g = runs.get("native", {}).get(name), gmlake_runs.get(name)
         ok = g is not None and g["ok"]
         if name == "stats" and ok and n and n["ok"]:
             missing = set(n["value"]["keys"]) - set(g["value"]["keys"])
