@@ -46,6 +46,10 @@ OPTIONS = {
         "\"Growth\")."]),
 }
 CONFIGS = ["gmlake", "bfc", "expandable", "gmlake-paper", "largest-first"] + list(OPTIONS)
+# Settings a user may choose (GMLAKE_ALLOC_CONF, gmlake/settings.hpp): fewer chunks mapped
+# for more memory reserved. Each is replayed with `--config gmlake --settings TEXT`.
+SETTINGS = ["max_chunk_mib:64", "max_chunk_mib:128", "stitch_edges_mib:0",
+            "stitch_edges_mib:0,max_chunk_mib:128,big_chunk_mib:512"]
 PEERS = [("torch-default", "PyTorch default"), ("torch-expandable", "PyTorch expandable_segments"),
          ("cudaMallocAsync", "cudaMallocAsync pool")]
 
@@ -129,6 +133,53 @@ def variants_section(replay, n, calibration):
     return lines
 
 
+def settings_section(replay, traces, default, best_peer):
+    """Replays every trace under each of SETTINGS; `default`: gmlake's rows by trace,
+    `best_peer`: the least any H200 peer reserved, by trace. Returns the section's lines."""
+    jobs = [(t, x) for t in traces for x in SETTINGS]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        rows = list(pool.map(lambda j: replay_json(replay, ["--config", "gmlake", "--settings", j[1]], j[0]), jobs))
+    by = {}
+    for (t, x), r in zip(jobs, rows):
+        if r:
+            by.setdefault(r[0]["trace"], {})[x] = r[0]
+    names = [n for n in default if n in by]
+    cols = [("default", {n: default[n] for n in names})] + [(x, {n: by[n][x] for n in names}) for x in SETTINGS]
+    lines = ["", "## Settings: fewer chunks mapped, more memory reserved", "",
+             "The defaults are chosen for memory. A job whose driver time matters more than a point or two of",
+             "fragmentation can choose larger chunks or no stitch edges: `GMLAKE_ALLOC_CONF` or",
+             "`gmlake_torch.enable(conf=...)` in PyTorch ([docs/pytorch.md](pytorch.md), \"Settings\"),",
+             "`gmlake::parse_settings` in C++. Each column is `gmlake-replay --json --config gmlake --settings",
+             "TEXT TRACE`; each cell is fragmentation and modelled driver us/iter after `i 4`.", "",
+             "| settings | mean frag | traces above 1% | above the best H200 peer | mean driver us/iter | "
+             "traces above 1 ms |", "|---|---|---|---|---|---|"]
+    for label, rs in cols:
+        frag = [rs[n]["fragmentation"] for n in names]
+        drv = [rs[n]["driver_us_per_iter_after_4"] for n in names]
+        above = sum(1 for n in names if n in best_peer and rs[n]["peak_reserved_bytes"] > best_peer[n])
+        lines.append(f"| `{label}` | {100 * sum(frag) / len(names):.3f}% | {sum(1 for f in frag if f > 0.01)} | "
+                     f"{above} | {sum(drv) / len(names):.0f} | {sum(1 for d in drv if d > 1000)} |")
+    lines += ["", "| trace | " + " | ".join(f"`{label}`" for label, _ in cols) + " |",
+              "|---|" + "---|" * len(cols)]
+    for n in names:
+        lines.append(f"| {n} | " + " | ".join(
+            f"{100 * rs[n]['fragmentation']:.2f}%, {rs[n]['driver_us_per_iter_after_4']:.0f}" for _, rs in cols) + " |")
+    return lines
+
+
+def between(path, begin, end, body):
+    """Replaces the lines between the markers begin and end of the file at path (if it has them)."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        text = f.read()
+    if begin not in text or end not in text:
+        return
+    text = text[:text.index(begin) + len(begin)] + "\n" + "\n".join(body) + "\n" + text[text.index(end):]
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def plot(name, rows, timeline, out_png):
     import matplotlib
     matplotlib.use("Agg")
@@ -210,6 +261,7 @@ def main():
              "|---|---|---|---|---|---|"]
     sections = []
     simulated_expandable = {}
+    default_rows, best_peers = {}, {}
     options = {c: ["", f"## Option: {title} (`{c}`)", ""] + text + [
         "", f"| trace | frag gmlake | frag {c} | driver us/iter after 4, gmlake | {c} |", "|---|---|---|---|---|"]
         for c, (title, text) in OPTIONS.items()}
@@ -230,6 +282,10 @@ def main():
             if name in peers and key in peers[name]:
                 pf[label] = (1 - live / peers[name][key]["peak_reserved_bytes"], peers[name][key].get("ns_per_op_after_4"))
         best_peer = min((v[0] for v in pf.values()), default=None)
+        default_rows[name] = g
+        least = [peers[name][key]["peak_reserved_bytes"] for key, _ in PEERS if key in peers.get(name, {})]
+        if least:
+            best_peers[name] = min(least)
         ratio = g["ns_per_op"] / b["ns_per_op"] if b["ns_per_op"] else 0
         lines.append(f"| {name} | {100 * g['fragmentation']:.2f}% | "
                      f"{'-' if best_peer is None else f'{100 * best_peer:.2f}%'} | "
@@ -272,22 +328,20 @@ def main():
               "same trace on the H200, [bench/peers/README.md](../bench/peers/README.md)); their fragmentation uses",
               "the same peak live. Their ns/op is the H200 host's, not comparable with ours.", ""]
     held_out = variants_section(a.replay, a.variants, expandable_vs_h200(simulated_expandable)) if a.variants > 0 else []
+    chosen = settings_section(a.replay, traces, default_rows, best_peers)
     with open(os.path.join(a.out, "benchmarks.md"), "w") as f:
-        f.write("\n".join(lines + sum((o[1:] + [""] for o in options.values()), []) + held_out[1:] + [""] + sections))
-    # The README's Figures section: the summary, between its markers.
-    readme = os.path.join(ROOT, "README.md")
-    if os.path.abspath(a.out) == os.path.join(ROOT, "docs") and os.path.exists(readme):
-        with open(readme) as f:
-            text = f.read()
-        begin, end = "<!-- figures -->", "<!-- /figures -->"
-        if begin in text and end in text:
-            summary = [l.replace("](../", "](") for l in lines[lines.index("## Summary (default `gmlake`)") + 2:]]
-            body = ["Measured by `python3 bench/run_benchmarks.py` (simulated backend, per-handle H200 cost",
-                    "model; details, every configuration, peers and plots in [docs/benchmarks.md](docs/benchmarks.md)):",
-                    ""] + summary
-            text = text[:text.index(begin) + len(begin)] + "\n" + "\n".join(body) + "\n" + text[text.index(end):]
-            with open(readme, "w") as f:
-                f.write(text)
+        f.write("\n".join(lines + sum((o[1:] + [""] for o in options.values()), []) + chosen[1:] + [""] +
+                           held_out[1:] + [""] + sections))
+    if os.path.abspath(a.out) == os.path.join(ROOT, "docs"):
+        # docs/pytorch.md: the settings' summary; the README's Figures section: the summary.
+        start = next(i for i, l in enumerate(chosen) if l.startswith("| settings |"))
+        between(os.path.join(ROOT, "docs", "pytorch.md"), "<!-- settings -->", "<!-- /settings -->",
+                [l.replace("](pytorch.md", "](#settings") for l in chosen[start:chosen.index("", start)]])
+        summary = [l.replace("](../", "](") for l in lines[lines.index("## Summary (default `gmlake`)") + 2:]]
+        between(os.path.join(ROOT, "README.md"), "<!-- figures -->", "<!-- /figures -->",
+                ["Measured by `python3 bench/run_benchmarks.py` (simulated backend, per-handle H200 cost",
+                 "model; details, every configuration, peers and plots in [docs/benchmarks.md](docs/benchmarks.md)):",
+                 ""] + summary)
     # The GPU replay measured on the H200 (bench/results/README.md).
     gpu = os.path.join(ROOT, "bench", "results", "h200-replay.jsonl")
     if os.path.exists(gpu):
