@@ -164,6 +164,49 @@ def settings_section(replay, traces, default, best_peer):
     for n in names:
         lines.append(f"| {n} | " + " | ".join(
             f"{100 * rs[n]['fragmentation']:.2f}%, {rs[n]['driver_us_per_iter_after_4']:.0f}" for _, rs in cols) + " |")
+    return lines + settings_h200_lines()
+
+
+def settings_h200_lines():
+    """The settings replayed on the H200 (bench/results/h200-replay-settings*.jsonl: gmlake with
+    and without settings and the peers, two runs in one call): per run and settings, what the
+    criteria of driver time, time per operation and memory give. [] when the runs are absent."""
+    runs = sorted(glob.glob(os.path.join(ROOT, "bench", "results", "h200-replay-settings*.jsonl")),
+                  key=lambda r: (len(r), r))  # h200-replay-settings.jsonl (with every peer) first
+    if not runs:
+        return []
+    lines = ["", "On the H200 (`GMLAKE_GPU_SETTINGS=\"TEXT...\" bash .ci/gpu OUT TRACES`, which replays each trace",
+             "under gmlake with each settings text as well as under the peers, then each trace again under",
+             "gmlake, the settings and PyTorch's default in the same call:",
+             " and ".join(f"`bench/results/{os.path.basename(r)}`" for r in runs) + "). `above best peer`: gmlake",
+             "reserved more than the least of PyTorch's default, expandable segments and `cudaMallocAsync` in",
+             "the first run (the peers' peaks do not change between runs); `above default ns/op`: time per",
+             "operation after `i 4` above PyTorch default's in the same run.", "",
+             "| run | settings | mean frag | above best peer | driver above 1 ms | above default ns/op |",
+             "|---|---|---|---|---|---|"]
+    first = None
+    for k, path in enumerate(runs, 1):
+        by = {}
+        with open(path) as f:
+            for r in map(json.loads, (l for l in f if l.startswith("{"))):
+                by.setdefault(r["trace"], {})[r["allocator"]] = r
+        first = first or by
+        labels = sorted({a for t in by.values() for a in t if a.startswith("gmlake")}, key=lambda a: (a != "gmlake", a))
+        for a in labels:
+            rs = {t: r[a] for t, r in by.items() if a in r}
+            peers = {t: min(first[t][p]["peak_reserved_bytes"] for p, _ in PEERS if p in first.get(t, {}))
+                     for t in rs if any(p in first.get(t, {}) for p, _ in PEERS)}
+            above = [t for t in rs if t in peers and rs[t]["peak_reserved_bytes"] > peers[t]]
+            slow = [f"{t} {rs[t]['driver_us_per_iter_after_4']:.0f}" for t in sorted(rs)
+                    if rs[t]["driver_us_per_iter_after_4"] > 1000]
+            ns = [f"{t} {rs[t]['ns_per_op_after_4']:.0f} / {by[t]['torch-default']['ns_per_op_after_4']:.0f}"
+                  for t in sorted(rs) if "torch-default" in by[t]
+                  and rs[t]["ns_per_op_after_4"] > by[t]["torch-default"]["ns_per_op_after_4"]]
+            frag = sum(r["fragmentation"] for r in rs.values()) / len(rs)
+            lines.append(f"| {k} | `{a.partition(':')[2] or 'default'}` | {100 * frag:.3f}% | "
+                         f"{len(above)}{': ' + ', '.join(sorted(above)) if above else ''} | "
+                         f"{len(slow)}{': ' + ', '.join(slow) if slow else ''} | "
+                         f"{len(ns)}{': ' + ', '.join(ns) if ns else ''} |")
     return lines
 
 
