@@ -3,8 +3,11 @@
 #include <doctest/doctest.h>
 
 #include <cstddef>
+#include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gmlake/backend/simulated.hpp"
 #include "gmlake/configs.hpp"
@@ -123,4 +126,39 @@ TEST_CASE("settings: an allocator built from them grows in the chunks they say")
   CHECK(creates_for("", 200 * mib) == 7);                  // 32 MiB chunks: 6 x 32 + 8
   CHECK(creates_for("max_chunk_mib:128", 200 * mib) == 2);  // 128 + 72
   CHECK(creates_for("max_chunk_mib:0", 20 * mib) >= 8);    // one 2 MiB slot per chunk, floor included
+}
+
+TEST_CASE("settings: every key at its extremes keeps the allocator sound") {
+  using A = gmlake::gmlake_allocator<gmlake::backend::simulated>;
+  for (const char* text :
+       {"max_chunk_mib:0,min_growth_mib:0,growth_divisor:0,big_growth_mib:0", "max_chunk_mib:1024,big_chunk_mib:0",
+        "big_growth_mib:1,big_chunk_mib:1024,min_growth_mib:1024,growth_divisor:1",
+        "small_max_kib:0,small_growth_divisor:1,small_growth_cap_mib:0", "small_max_kib:1024,small_growth_divisor:0",
+        "stitch_pieces:0,stitch_edges_mib:0,cached_scan:0,repair_chunks:0,append_room:0",
+        "stitch_pieces:1,stitch_edges_mib:1,cached_scan:1,repair_chunks:8,append_room:16",
+        "chunk_mib:8,lend_to_large:false,lend_to_small:true", "chunk_mib:0,lend_to_large:true,lend_to_small:false"}) {
+    CAPTURE(text);
+    const settings s = parse_settings(text);
+    // 512 MiB: near capacity, so requests stitch, grow, and some fail (S5).
+    A a(gmlake::backend::simulated(std::size_t{512} << 20), s.applied(gmlake::options{}),
+        s.applied(policy::best_fit_pieces{}));
+    std::mt19937 rng(7);
+    std::vector<std::pair<void*, std::size_t>> live;
+    for (int i = 0; i < 3000; ++i) {
+      if (!live.empty() && rng() % 5 < 2) {
+        const std::size_t k = rng() % live.size();
+        a.deallocate(live[k].first, live[k].second);
+        live[k] = live.back();
+        live.pop_back();
+        continue;
+      }
+      // Sizes from 1 B to 64 MiB, log-uniform, so both arenas grow, split and stitch.
+      const std::size_t base = std::size_t{1} << (rng() % 27), bytes = base + rng() % base;
+      if (void* p = a.try_allocate(bytes)) live.emplace_back(p, bytes);
+    }
+    CHECK(a.check_invariants());
+    CHECK(live.size() > 100);  // most requests were served
+    for (auto [p, n] : live) a.deallocate(p, n);
+    gmlake_test::check_released(a);
+  }
 }
