@@ -321,19 +321,14 @@ int main(int argc, char** argv) {
   std::string which = "gmlake";
   int device = 0;
   gmlake::settings settings;
+  std::string settings_text;
   std::vector<std::string> files;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--allocator" && i + 1 < argc) which = argv[++i];
     else if (a == "--device" && i + 1 < argc) device = std::atoi(argv[++i]);
-    else if (a == "--settings" && i + 1 < argc) {
-      try {
-        settings = gmlake::parse_settings(argv[++i]);
-      } catch (const std::invalid_argument& e) {
-        std::fprintf(stderr, "gmlake-gpu-replay: %s\n", e.what());
-        return 2;
-      }
-    } else if (a == "-h" || a == "--help") {
+    else if (a == "--settings" && i + 1 < argc) (settings_text += ',') += argv[++i];
+    else if (a == "-h" || a == "--help") {
       std::puts("usage: gmlake-gpu-replay --allocator gmlake|async|torch [--device N] [--settings KEY:VALUE,...]\n"
                 "                         TRACE.trace.gz...\n"
                 "--settings: gmlake's rules overridden (gmlake/settings.hpp); the rows are named gmlake:SETTINGS");
@@ -342,6 +337,16 @@ int main(int argc, char** argv) {
   }
   if (files.empty()) {
     std::fputs("gmlake-gpu-replay: no trace given (try --help)\n", stderr);
+    return 2;
+  }
+  if (!settings_text.empty() && which != "gmlake") {
+    std::fputs("gmlake-gpu-replay: --settings applies to --allocator gmlake only\n", stderr);
+    return 2;
+  }
+  try {
+    settings = gmlake::parse_settings(settings_text);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "gmlake-gpu-replay: %s\n", e.what());
     return 2;
   }
   if (cudaSetDevice(device) != cudaSuccess || cudaFree(nullptr) != cudaSuccess) {

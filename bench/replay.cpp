@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -204,6 +205,7 @@ struct outcome {
 /// structural options, and overrides of the stitch policies' fields and growth rules.
 struct knobs {
   gmlake::settings set;      ///< overrides of the configurations' rules (--settings and the flags)
+  std::size_t pieces = 0;    ///< gmlake's cap on pieces per stitch (its configurations only); 0: the policy's
   std::string timeline_dir;  ///< write TRACE.CONFIG.csv (event, live, reserved) here
   bool log_driver = false;   ///< print every operation after i 4 that cost driver time (stderr)
   std::size_t snap_event = SIZE_MAX;  ///< take outcome::at_live after this event
@@ -371,7 +373,9 @@ outcome run_config(const trace& t, const std::string& config, const knobs& k, co
     if (config == o.name) {
       knobs e = k;
       o.change(e);
-      return run(t, o.name, e, cost, policy::best_fit_pieces{});
+      policy::best_fit_pieces p;
+      if (k.pieces) p.pieces = k.pieces;
+      return run(t, o.name, e, cost, p);
     }
   if (config == "bfc") return run(t, "bfc", k, cost, policy::no_stitch{});
   if (config == "expandable") return run(t, "expandable", k, cost, policy::expand_only{});
@@ -401,7 +405,6 @@ constexpr setting_flag setting_flags[] = {
     {"--cached-scan", "cached_scan", nullptr},
     {"--repair-chunks", "repair_chunks", nullptr},
     {"--append-room", "append_room", nullptr},
-    {"--pieces", "stitch_pieces", nullptr},
     {"--max-handle-mib", "max_chunk_mib", nullptr},
     {"--big-growth-mib", "big_growth_mib", nullptr},
     {"--big-handle-mib", "big_chunk_mib", nullptr},
@@ -436,13 +439,16 @@ int main(int argc, char** argv) {
     else if (a == "--timeline" && i + 1 < argc) k.timeline_dir = argv[++i];
     else if (a == "--log-driver") k.log_driver = true;
     else if (a == "--settings" && i + 1 < argc) (settings_text += ',') += argv[++i];
+    else if (a == "--pieces" && i + 1 < argc) k.pieces = std::strtoull(argv[++i], nullptr, 10);
     else if (const setting_flag* f = flag_named(a); f != nullptr && (f->fixed != nullptr || i + 1 < argc))
       settings_text += std::string(",") + f->key + ":" + (f->fixed != nullptr ? f->fixed : argv[++i]);
     else if (a == "-h" || a == "--help") {
       std::printf("usage: gmlake-replay [--json] [--breakdown] [--config NAME]... [--cost-model FILE]\n"
                   "                     [--timeline DIR] [--log-driver] [--settings KEY:VALUE,...]\n"
-                  "                     [FLAG [N]]... TRACE.trace.gz...\n"
-                  "settings: the keys of gmlake/settings.hpp (GMLAKE_ALLOC_CONF); the flags set one each:\n");
+                  "                     [--pieces N] [FLAG [N]]... TRACE.trace.gz...\n"
+                  "--pieces: the gmlake configurations' cap on pieces per stitch (0: the policy's)\n"
+                  "settings: the keys of gmlake/settings.hpp (GMLAKE_ALLOC_CONF), checked as there;\n"
+                  "the flags set one each:\n");
       for (const auto& f : setting_flags)
         std::printf("  %-24s %s:%s\n", f.flag, f.key, f.fixed != nullptr ? f.fixed : "N");
       std::printf("configurations:");

@@ -88,10 +88,12 @@ TEST_CASE("settings: the floor and big chunks leave a policy that grows exactly 
 }
 
 TEST_CASE("settings: spaces are ignored and a key given twice takes its last value") {
-  const settings s = parse_settings("  max_chunk_mib : 64 ,\tmax_chunk_mib:128, lend_to_small: 1 ");
+  const settings s = parse_settings("  max_chunk_mib : 64 ,\tmax_chunk_mib:128, lend_to_small: 1 ,lend_to_large:False\n");
   CHECK(s.max_chunk == 128 * mib);
   CHECK(s.lend_to_small == true);
-  CHECK(s.str() == "max_chunk_mib:128,lend_to_small:true");
+  CHECK(s.lend_to_large == false);
+  CHECK(s.str() == "max_chunk_mib:128,lend_to_large:false,lend_to_small:true");
+  CHECK(parse_settings("lend_to_small:True").lend_to_small == true);
 }
 
 TEST_CASE("settings: bad input is refused with the item and the reason") {
@@ -101,7 +103,8 @@ TEST_CASE("settings: bad input is refused with the item and the reason") {
   CHECK(error_of("max_chunk_mib:-1").find("expected a whole number") != std::string::npos);
   CHECK(error_of("max_chunk_mib:64k").find("expected a whole number") != std::string::npos);
   CHECK(error_of("max_chunk_mib:1.5").find("expected a whole number") != std::string::npos);
-  CHECK(error_of("max_chunk_mib:99999999999999999999999").find("expected a whole number") != std::string::npos);
+  CHECK(error_of("max_chunk_mib:99999999999999999999999").find("at most 1073741824") != std::string::npos);
+  CHECK(error_of("stitch_pieces:0").find("'stitch_pieces:0': at least 1") != std::string::npos);
   CHECK(error_of("max_chunk_mib:1073741825").find("at most 1073741824") != std::string::npos);
   CHECK(error_of("repair_chunks:9").find("'repair_chunks:9': at most 8") != std::string::npos);
   CHECK(error_of("append_room:17").find("at most 16") != std::string::npos);
@@ -134,8 +137,8 @@ TEST_CASE("settings: every key at its extremes keeps the allocator sound") {
        {"max_chunk_mib:0,min_growth_mib:0,growth_divisor:0,big_growth_mib:0", "max_chunk_mib:1024,big_chunk_mib:0",
         "big_growth_mib:1,big_chunk_mib:1024,min_growth_mib:1024,growth_divisor:1",
         "small_max_kib:0,small_growth_divisor:1,small_growth_cap_mib:0", "small_max_kib:1024,small_growth_divisor:0",
-        "stitch_pieces:0,stitch_edges_mib:0,cached_scan:0,repair_chunks:0,append_room:0",
-        "stitch_pieces:1,stitch_edges_mib:1,cached_scan:1,repair_chunks:8,append_room:16",
+        "stitch_pieces:1,stitch_edges_mib:0,cached_scan:0,repair_chunks:0,append_room:0",
+        "stitch_pieces:65536,stitch_edges_mib:1,cached_scan:1,repair_chunks:8,append_room:16",
         "chunk_mib:8,lend_to_large:false,lend_to_small:true", "chunk_mib:0,lend_to_large:true,lend_to_small:false"}) {
     CAPTURE(text);
     const settings s = parse_settings(text);

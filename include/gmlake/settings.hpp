@@ -11,19 +11,20 @@
 //   gmlake::allocator<gmlake::backend::cuda_vmm> a(gmlake::backend::cuda_vmm(0), s.applied(gmlake::options{}),
 //                                                  s.applied(gmlake::policy::best_fit_pieces{}));
 //
-// Keys (unset: the default; sizes in the unit their name gives):
-//   chunk_mib             smallest chunk, the arenas' slot (default: the granularity)
+// Keys (unset: the policy's value; the defaults given are those of the default
+// configuration, best_fit_pieces with stitch_growth; sizes in the unit their name gives):
+//   chunk_mib             smallest chunk, the arenas' slot (the granularity; at most 1024)
 //   max_chunk_mib         largest chunk a growth of the large arena creates (32)
 //   big_growth_mib        a growth of at least this many bytes ... (768)
 //   big_chunk_mib         ... creates chunks of up to this size (256)
-//   min_growth_mib        a growth creates at least this many bytes (16)
+//   min_growth_mib        a growth creates at least this many bytes (16) ...
 //   growth_divisor        ... and at least reserved / this (512; 0: no such term)
 //   small_growth_divisor  the small arena grows by its reserved bytes / this (8; 0: one slot)
 //   small_growth_cap_mib  ... at most this much at once (8; 0: no cap)
-//   small_max_kib         requests up to this size go to the small arena (1024)
+//   small_max_kib         requests up to this size go to the small arena (1024; at most 1024)
 //   stitch_edges_mib      smallest free bytes of a partly used chunk a stitch uses (4; 0: none)
-//   stitch_pieces         most free ranges one stitch maps (16)
-//   cached_scan           cached stitched blocks tried per request (8)
+//   stitch_pieces         most free ranges one stitch maps (16; 1 to 65536)
+//   cached_scan           cached stitched blocks tried per request (8; at most 65536)
 //   repair_chunks         chunks of a cached stitched block that may be replaced (4; at most 8)
 //   append_room           address space each stitched block keeps for appends, in
 //                         multiples of its mapping (1; at most 16)
@@ -31,14 +32,15 @@
 //                         grows past its peak (true)
 //   lend_to_small         and the other way (false)
 // min_growth_mib, growth_divisor, big_growth_mib and big_chunk_mib apply to policies
-// that grow with a floor (the stitching ones); the others grow exactly what a request
-// needs, whatever the settings. stitch_edges_mib and stitch_pieces apply where the
-// policy has them.
+// that grow with a floor (the stitching ones): the others keep growing the large
+// arena by exactly what a request needs. max_chunk_mib, the small arena's growth and
+// lending apply to every policy; stitch_edges_mib and stitch_pieces where the policy
+// has them.
 //
 // Errors: parse_settings throws std::invalid_argument naming the item (an unknown
-// key, a value that is not a number or boolean, one out of range). Spaces around
-// keys and values are ignored, empty items skipped; a key given twice takes its last
-// value.
+// key, a value that is not a whole number or a boolean, one out of range). Spaces
+// and line ends around keys and values are ignored, empty items skipped; a key given
+// twice takes its last value. Booleans: true, True, 1, false, False, 0.
 #pragma once
 
 #include <array>
@@ -96,7 +98,8 @@ struct settings {
     return p;
   }
 
-  /// The keys set, in the form parse_settings reads ("" when none is).
+  /// The keys set, in the form parse_settings reads ("" when none is): sizes in
+  /// their key's unit, rounded down (what parse_settings sets round-trips).
   [[nodiscard]] std::string str() const;
 
   friend bool operator==(const settings&, const settings&) = default;
@@ -110,35 +113,38 @@ using flag_member = std::optional<bool> settings::*;
 struct key {
   std::string_view name;
   std::size_t unit;      ///< bytes per unit of the value; 0: a boolean
+  std::size_t least;     ///< the smallest value accepted, in the key's unit
   std::size_t most;      ///< the largest value accepted, in the key's unit
   number_member number;  ///< the member a number sets (flag: nullptr)
   flag_member flag;      ///< the member a boolean sets (number: nullptr)
 };
 
 inline constexpr std::size_t kib = std::size_t{1} << 10, mib = std::size_t{1} << 20;
-inline constexpr std::size_t most_mib = std::size_t{1} << 30;  // 1 PiB: no product overflows
+/// 1 PiB in MiB; with a 32-bit size_t, what fits (parse_settings checks the product).
+inline constexpr std::size_t most_mib = sizeof(std::size_t) >= 8 ? std::size_t{1} << 30 : std::size_t{4095};
 inline constexpr std::array<key, 16> keys = {{
-    {"chunk_mib", mib, 1024, &settings::chunk, nullptr},
-    {"max_chunk_mib", mib, most_mib, &settings::max_chunk, nullptr},
-    {"big_growth_mib", mib, most_mib, &settings::big_growth, nullptr},
-    {"big_chunk_mib", mib, most_mib, &settings::big_chunk, nullptr},
-    {"min_growth_mib", mib, most_mib, &settings::floor, nullptr},
-    {"growth_divisor", 1, most_mib, &settings::floor_divisor, nullptr},
-    {"small_growth_divisor", 1, most_mib, &settings::small_divisor, nullptr},
-    {"small_growth_cap_mib", mib, most_mib, &settings::small_cap, nullptr},
-    {"small_max_kib", kib, 1024, &settings::small_max, nullptr},
-    {"stitch_edges_mib", mib, most_mib, &settings::edges, nullptr},
-    {"stitch_pieces", 1, 1 << 16, &settings::pieces, nullptr},
-    {"cached_scan", 1, 1 << 16, &settings::cached_scan, nullptr},
-    {"repair_chunks", 1, 8, &settings::repair_chunks, nullptr},
-    {"append_room", 1, 16, &settings::append_room, nullptr},
-    {"lend_to_large", 0, 1, nullptr, &settings::lend_to_large},
-    {"lend_to_small", 0, 1, nullptr, &settings::lend_to_small},
+    {"chunk_mib", mib, 0, 1024, &settings::chunk, nullptr},
+    {"max_chunk_mib", mib, 0, most_mib, &settings::max_chunk, nullptr},
+    {"big_growth_mib", mib, 0, most_mib, &settings::big_growth, nullptr},
+    {"big_chunk_mib", mib, 0, most_mib, &settings::big_chunk, nullptr},
+    {"min_growth_mib", mib, 0, most_mib, &settings::floor, nullptr},
+    {"growth_divisor", 1, 0, most_mib, &settings::floor_divisor, nullptr},
+    {"small_growth_divisor", 1, 0, most_mib, &settings::small_divisor, nullptr},
+    {"small_growth_cap_mib", mib, 0, most_mib, &settings::small_cap, nullptr},
+    {"small_max_kib", kib, 0, 1024, &settings::small_max, nullptr},
+    {"stitch_edges_mib", mib, 0, most_mib, &settings::edges, nullptr},
+    {"stitch_pieces", 1, 1, 1 << 16, &settings::pieces, nullptr},
+    {"cached_scan", 1, 0, 1 << 16, &settings::cached_scan, nullptr},
+    {"repair_chunks", 1, 0, 8, &settings::repair_chunks, nullptr},
+    {"append_room", 1, 0, 16, &settings::append_room, nullptr},
+    {"lend_to_large", 0, 0, 1, nullptr, &settings::lend_to_large},
+    {"lend_to_small", 0, 0, 1, nullptr, &settings::lend_to_small},
 }};
 
 inline std::string_view trim(std::string_view s) noexcept {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  constexpr std::string_view space = " \t\r\n";
+  while (!s.empty() && space.find(s.front()) != std::string_view::npos) s.remove_prefix(1);
+  while (!s.empty() && space.find(s.back()) != std::string_view::npos) s.remove_suffix(1);
   return s;
 }
 
@@ -175,16 +181,17 @@ inline std::string key_list() {
       if (c.name == name) k = &c;
     if (k == nullptr) reject(item, "unknown key (keys: " + key_list() + ")");
     if (k->flag != nullptr) {
-      if (value == "true" || value == "1") s.*(k->flag) = true;
-      else if (value == "false" || value == "0") s.*(k->flag) = false;
+      if (value == "true" || value == "True" || value == "1") s.*(k->flag) = true;
+      else if (value == "false" || value == "False" || value == "0") s.*(k->flag) = false;
       else reject(item, "expected true or false");
       continue;
     }
     std::uint64_t n = 0;
     const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-    if (value.empty() || ec != std::errc{} || end != value.data() + value.size())
+    if (value.empty() || end != value.data() + value.size() || (ec != std::errc{} && ec != std::errc::result_out_of_range))
       reject(item, "expected a whole number");
-    if (n > k->most) reject(item, "at most " + std::to_string(k->most));
+    if (ec == std::errc::result_out_of_range || n > k->most) reject(item, "at most " + std::to_string(k->most));
+    if (n < k->least) reject(item, "at least " + std::to_string(k->least));
     s.*(k->number) = static_cast<std::size_t>(n) * k->unit;
   }
   return s;
