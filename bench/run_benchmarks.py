@@ -143,7 +143,9 @@ def settings_section(replay, traces, default, best_peer):
     for (t, x), r in zip(jobs, rows):
         if r:
             by.setdefault(r[0]["trace"], {})[x] = r[0]
-    names = [n for n in default if n in by]
+    names = [n for n in default if all(x in by.get(n, {}) for x in SETTINGS)]
+    if not names:
+        return []
     cols = [("default", {n: default[n] for n in names})] + [(x, {n: by[n][x] for n in names}) for x in SETTINGS]
     lines = ["", "## Settings: fewer chunks mapped, more memory reserved", "",
              "The defaults are chosen for memory. A job whose driver time matters more than a point or two of",

@@ -95,7 +95,7 @@ allocator* get(int device, bool make) noexcept {
     a = new allocator(backend(device), opt, configured->applied(gmlake::policy::best_fit_pieces{}));
     any_made = true;
   } catch (const std::invalid_argument& e) {
-    set_error((std::string("GMLAKE_ALLOC_CONF: ") + e.what()).c_str());
+    std::snprintf(last_error, sizeof last_error, "GMLAKE_ALLOC_CONF: %s", e.what());
     return nullptr;
   } catch (const std::exception& e) {
     set_error(e.what());
@@ -225,8 +225,9 @@ int gmlake_torch_configure(const char* conf) {
     const gmlake::settings s = gmlake::parse_settings(conf != nullptr ? conf : "");
     std::lock_guard lock(make_mutex);
     if (any_made && s != *configured) {
-      set_error(("gmlake: settings can change only before the first allocation (in force: \"" +
-                 configured->str() + "\")").c_str());
+      const std::string now = configured->str();
+      std::snprintf(last_error, sizeof last_error,
+                    "gmlake: settings can change only before the first allocation (in force: \"%s\")", now.c_str());
       return -2;
     }
     configured = s;

@@ -286,26 +286,37 @@ def enable(limit=None, lib=None, native=None, conf=None):
       the extension is installed, else pluggable).
     lib: path of libgmlake_torch.so (pluggable path; else $GMLAKE_TORCH_LIB, else searched).
     conf: overrides of gmlake's rules, "key:value,key:value" (docs/pytorch.md,
-      "Settings"); None: $GMLAKE_ALLOC_CONF, else none. ValueError, with the item and
-      the reason, when it is not valid; nothing is installed then.
+      "Settings"); None: $GMLAKE_ALLOC_CONF, else none, at the first call, and the
+      settings in force at a later one. ValueError, with the item and the reason,
+      when it is not valid; nothing is installed then.
     Returns "native" or the pluggable library's path. Calling it again is harmless
-    (the limit and conf, if given, are applied again; settings may change only
-    before CUDA is initialized). Raises RuntimeError with the reason when the swap is impossible
-    (CUDA already initialized, library missing, ...)."""
-    global _enabled, _allocator, _native
+    (the limit and conf, if given, are applied again; settings may change only before
+    CUDA is initialized, on the pluggable path before the first allocation). Raises
+    RuntimeError with the reason when the swap is impossible (CUDA already
+    initialized, library missing, ...)."""
     given = conf is not None
     if not given:
         conf = os.environ.get("GMLAKE_ALLOC_CONF", "")
     if not isinstance(conf, str):
         raise TypeError(f"gmlake_torch.enable(conf=...): expected a str, got {type(conf).__name__}")
+    if "\0" in conf:
+        raise ValueError("gmlake settings: a NUL character in the text")
+
+    def apply(install):  # a conf taken from the environment says so when it is refused
+        try:
+            install(conf)
+        except ValueError as e:
+            if given:
+                raise
+            raise ValueError(f"GMLAKE_ALLOC_CONF: {e}") from None
+
+    global _enabled, _allocator, _native
     with _lock:
         if _enabled:
             if native is not None and native != (_native is not None):
                 raise RuntimeError("gmlake_torch: already enabled on the other path")
-            if given and _native is not None:
-                _native.install(conf)
-            elif given:
-                _configure_plugin(conf)
+            if given:
+                apply(_native.install if _native is not None else _configure_plugin)
             if limit is not None:
                 set_limit(limit)
             return "native" if _native is not None else _lib_path
@@ -319,7 +330,7 @@ def enable(limit=None, lib=None, native=None, conf=None):
                                "installed; `pip install --no-build-isolation ./examples/torch`")
         _refuse_if_initialized(torch)
         if ext is not None:
-            ext.install(conf)
+            apply(ext.install)
             _native = ext
             _enabled = True
             if limit is not None:
@@ -327,7 +338,7 @@ def enable(limit=None, lib=None, native=None, conf=None):
             return "native"
         path = find_library(lib)
         _load(path)
-        _configure_plugin(conf)
+        apply(_configure_plugin)
         try:
             alloc = torch.cuda.memory.CUDAPluggableAllocator(path, ALLOC_FN, FREE_FN)
             torch.cuda.memory.change_current_allocator(alloc)
