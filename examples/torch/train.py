@@ -451,7 +451,7 @@ def main(argv=None):
         "alloc_conf": ALLOC_CONF[args.allocator] or None,
         "env": {k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
                                                 "CUBLAS_WORKSPACE_CONFIG", "GMLAKE_TORCH_LIB",
-                                                "CUDA_VISIBLE_DEVICES")},
+                                                "GMLAKE_ALLOC_CONF", "CUDA_VISIBLE_DEVICES")},
         "python": platform.python_version(), "host": platform.node(),
         "seed": args.seed, "batch": batch, "steps": args.steps, "lr": args.lr,
         "limit_bytes": args.limit or None, "model_spec": spec, "warmup_steps": WARMUP,
