@@ -320,7 +320,6 @@ int replay(peer& a, const trace& t, int device) {
 int main(int argc, char** argv) {
   std::string which = "gmlake";
   int device = 0;
-  gmlake::settings settings;
   std::string settings_text;
   std::vector<std::string> files;
   for (int i = 1; i < argc; ++i) {
@@ -343,6 +342,7 @@ int main(int argc, char** argv) {
     std::fputs("gmlake-gpu-replay: --settings applies to --allocator gmlake only\n", stderr);
     return 2;
   }
+  gmlake::settings settings;
   try {
     settings = gmlake::parse_settings(settings_text);
   } catch (const std::invalid_argument& e) {

@@ -392,35 +392,34 @@ double frag(const outcome& o) {
   return o.peak_reserved ? 1.0 - static_cast<double>(o.peak_live) / static_cast<double>(o.peak_reserved) : 0;
 }
 
-/// The tool's older flags: each sets one settings key (`fixed`: the value of a flag
-/// that takes none).
+/// The flags that set one settings key: --KEY N for every key (its underscores as
+/// dashes), and these older names (`fixed`: the value of a flag that takes none).
 struct setting_flag {
   const char* flag;
   const char* key;
   const char* fixed;
 };
-constexpr setting_flag setting_flags[] = {
-    {"--chunk-mib", "chunk_mib", nullptr},
-    {"--small-max-kib", "small_max_kib", nullptr},
-    {"--cached-scan", "cached_scan", nullptr},
-    {"--repair-chunks", "repair_chunks", nullptr},
-    {"--append-room", "append_room", nullptr},
+constexpr setting_flag older_flags[] = {
     {"--max-handle-mib", "max_chunk_mib", nullptr},
-    {"--big-growth-mib", "big_growth_mib", nullptr},
     {"--big-handle-mib", "big_chunk_mib", nullptr},
-    {"--min-growth-mib", "min_growth_mib", nullptr},
-    {"--growth-divisor", "growth_divisor", nullptr},
-    {"--small-growth-divisor", "small_growth_divisor", nullptr},
-    {"--small-growth-cap-mib", "small_growth_cap_mib", nullptr},
-    {"--stitch-edges-mib", "stitch_edges_mib", nullptr},
     {"--no-lend", "lend_to_large", "false"},
     {"--lend-to-small", "lend_to_small", "true"},
 };
 
-const setting_flag* flag_named(const std::string& a) {
-  for (const auto& f : setting_flags)
-    if (a == f.flag) return &f;
-  return nullptr;
+/// The settings item flag `a` stands for, its value taken from argv[i + 1] when it
+/// needs one (i advanced); "" when `a` is no such flag or its value is missing.
+std::string setting_of(const std::string& a, int& i, int argc, char** argv) {
+  for (const auto& f : older_flags)
+    if (a == f.flag) {
+      if (f.fixed != nullptr) return std::string(f.key) + ":" + f.fixed;
+      return i + 1 < argc ? std::string(f.key) + ":" + argv[++i] : "";
+    }
+  if (a.rfind("--", 0) != 0 || i + 1 >= argc) return "";
+  std::string key = a.substr(2);
+  std::replace(key.begin(), key.end(), '-', '_');
+  for (const auto& k : gmlake::detail_settings::keys)
+    if (k.name == key) return key + ":" + argv[++i];
+  return "";
 }
 
 } // namespace
@@ -440,16 +439,15 @@ int main(int argc, char** argv) {
     else if (a == "--log-driver") k.log_driver = true;
     else if (a == "--settings" && i + 1 < argc) (settings_text += ',') += argv[++i];
     else if (a == "--pieces" && i + 1 < argc) k.pieces = std::strtoull(argv[++i], nullptr, 10);
-    else if (const setting_flag* f = flag_named(a); f != nullptr && (f->fixed != nullptr || i + 1 < argc))
-      settings_text += std::string(",") + f->key + ":" + (f->fixed != nullptr ? f->fixed : argv[++i]);
+    else if (const std::string item = setting_of(a, i, argc, argv); !item.empty()) (settings_text += ',') += item;
     else if (a == "-h" || a == "--help") {
       std::printf("usage: gmlake-replay [--json] [--breakdown] [--config NAME]... [--cost-model FILE]\n"
                   "                     [--timeline DIR] [--log-driver] [--settings KEY:VALUE,...]\n"
-                  "                     [--pieces N] [FLAG [N]]... TRACE.trace.gz...\n"
+                  "                     [--pieces N] [--KEY N]... TRACE.trace.gz...\n"
                   "--pieces: the gmlake configurations' cap on pieces per stitch (0: the policy's)\n"
                   "settings: the keys of gmlake/settings.hpp (GMLAKE_ALLOC_CONF), checked as there;\n"
-                  "the flags set one each:\n");
-      for (const auto& f : setting_flags)
+                  "--KEY N sets one (underscores as dashes: --stitch-edges-mib 0), as do:\n");
+      for (const auto& f : older_flags)
         std::printf("  %-24s %s:%s\n", f.flag, f.key, f.fixed != nullptr ? f.fixed : "N");
       std::printf("configurations:");
       for (const auto& n : config_names()) std::printf(" %s", n.c_str());

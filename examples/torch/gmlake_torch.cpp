@@ -12,6 +12,7 @@
 #include <gmlake/configs.hpp>
 #include <gmlake/settings.hpp>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdio>
@@ -32,9 +33,9 @@ constexpr int max_devices = 64;
 std::array<std::atomic<allocator*>, max_devices> allocators{};
 std::mutex make_mutex;  // only for making an allocator, and for the settings
 /// The rules' overrides every allocator is made with (gmlake_torch_configure, else
-/// $GMLAKE_ALLOC_CONF read at the first allocator made). Guarded by make_mutex.
+/// $GMLAKE_ALLOC_CONF read at the first allocator made); fixed once one exists.
+/// Guarded by make_mutex.
 std::optional<gmlake::settings> configured;
-bool any_made = false;  // an allocator exists: the settings are fixed. Guarded by make_mutex.
 
 thread_local char last_error[512] = "";
 
@@ -93,7 +94,6 @@ allocator* get(int device, bool make) noexcept {
     gmlake::options opt = configured->applied(gmlake::options{});
     opt.on_misuse = &on_misuse;
     a = new allocator(backend(device), opt, configured->applied(gmlake::policy::best_fit_pieces{}));
-    any_made = true;
   } catch (const std::invalid_argument& e) {
     std::snprintf(last_error, sizeof last_error, "GMLAKE_ALLOC_CONF: %s", e.what());
     return nullptr;
@@ -224,7 +224,8 @@ int gmlake_torch_configure(const char* conf) {
   try {
     const gmlake::settings s = gmlake::parse_settings(conf != nullptr ? conf : "");
     std::lock_guard lock(make_mutex);
-    if (any_made && s != *configured) {
+    const bool made = std::any_of(allocators.begin(), allocators.end(), [](const auto& a) { return a.load() != nullptr; });
+    if (made && s != *configured) {
       const std::string now = configured->str();
       std::snprintf(last_error, sizeof last_error,
                     "gmlake: settings can change only before the first allocation (in force: \"%s\")", now.c_str());
