@@ -152,7 +152,9 @@ def settings_section(replay, traces, default, best_peer):
              "fragmentation can choose larger chunks or no stitch edges: `GMLAKE_ALLOC_CONF` or",
              "`gmlake_torch.enable(conf=...)` in PyTorch ([docs/pytorch.md](pytorch.md), \"Settings\"),",
              "`gmlake::parse_settings` in C++. Each column is `gmlake-replay --json --config gmlake --settings",
-             "TEXT TRACE`; each cell is fragmentation and modelled driver us/iter after `i 4`.", "",
+             "TEXT TRACE`; each cell is fragmentation and modelled driver us/iter after `i 4`. Every",
+             "combination of a grid of settings, per trace: `python3 bench/settings_sweep.py`",
+             "([docs/design.md](design.md), \"The trade, left to the job\").", "",
              "| settings | mean frag | traces above 1% | above the best H200 peer | mean driver us/iter | "
              "traces above 1 ms |", "|---|---|---|---|---|---|"]
     for label, rs in cols:
