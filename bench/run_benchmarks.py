@@ -54,9 +54,9 @@ PEERS = [("torch-default", "PyTorch default"), ("torch-expandable", "PyTorch exp
          ("cudaMallocAsync", "cudaMallocAsync pool")]
 
 
-def replay_json(replay, args, trace):
-    """gmlake-replay --json ARGS TRACE: its rows, one per configuration."""
-    cmd = [replay, "--json"] + args + [trace]
+def replay_json(replay, args, *traces):
+    """gmlake-replay --json ARGS TRACE...: its rows, one per trace and configuration."""
+    cmd = [replay, "--json"] + args + list(traces)
     out = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if out.returncode not in (0, 1):
         sys.exit(f"{' '.join(cmd)} failed: {out.stderr}")

@@ -34,8 +34,9 @@ import glob
 import itertools
 import json
 import os
-import subprocess
 import sys
+
+from run_benchmarks import replay_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -71,11 +72,7 @@ def combinations(grid):
 
 
 def replay(exe, settings, traces):
-    cmd = [exe, "--json", "--config", "gmlake", "--settings", settings] + traces
-    out = subprocess.run(cmd, check=False, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"settings_sweep: {' '.join(cmd)} failed:\n{out.stderr}")
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    rows = replay_json(exe, ["--config", "gmlake", "--settings", settings], *traces)
     for r in rows:
         r["settings"] = settings
     return rows

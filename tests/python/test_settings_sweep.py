@@ -10,13 +10,15 @@ import os
 import subprocess
 import sys
 import tempfile
-import traceback
+
+from runner import run_tests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "bench", "settings_sweep.py")
 TRACE = os.path.join(ROOT, "bench", "traces", "synthetic", "synth-offload.trace.gz")
 REPLAY = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "bench", "gmlake-replay")
 
+sys.path.insert(0, os.path.dirname(SCRIPT))  # settings_sweep imports run_benchmarks
 spec = importlib.util.spec_from_file_location("settings_sweep", SCRIPT)
 sweep = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(sweep)
@@ -100,19 +102,7 @@ def main():
     if not os.path.exists(REPLAY):
         print(f"SKIP: no {REPLAY}")
         return 77
-    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and callable(f)]
-    passed = failed = 0
-    for name, fn in tests:
-        try:
-            fn()
-            passed += 1
-            print(f"ok   {name}")
-        except Exception:
-            failed += 1
-            print(f"FAIL {name}")
-            traceback.print_exc()
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return run_tests(globals())
 
 
 if __name__ == "__main__":
