@@ -53,6 +53,7 @@ template <class P = policy::best_fit_pieces>
 P one_slot() {
   P p;
   p.grow.max_chunk = 0;
+  p.grow.settled_max_chunk = 0;
   p.grow.small_divisor = 0;
   return p;
 }
@@ -824,6 +825,54 @@ TEST_CASE("growth floor: the surplus of a small growth serves the next request; 
   gmlake_test::check_released(a);
   gmlake_test::check_released(s);
   gmlake_test::check_released(b);
+}
+
+TEST_CASE("settled growth: once the footprint stops growing, growth creates larger chunks; release_cached starts over") {
+  policy::best_fit_pieces pol;
+  pol.grow.max_chunk = 4 * C;
+  pol.grow.settled_max_chunk = 16 * C;
+  pol.grow.floor = 0;
+  pol.grow.floor_divisor = 0;
+  // A loop that asks for the same 8 C again and again: its footprint stays 8 C; a
+  // window is 2 x 8 C of requests, and the second window's judgement settles it.
+  const auto loop = [](auto& a) {
+    for (int i = 0; i < 4; ++i) a.deallocate(a.allocate(8 * C));
+  };
+  const auto creates_for_growth = [](auto& a) {  // a new shape: 16 C more
+    const auto before = a.backend().counts().calls_of(call::create);
+    void* keep = a.allocate(8 * C);
+    void* more = a.allocate(16 * C);
+    const auto made = a.backend().counts().calls_of(call::create) - before;
+    a.deallocate(more);
+    a.deallocate(keep);
+    return made;
+  };
+  using A = gmlake::gmlake_allocator<counting<simulated>>;
+  A a(counting<simulated>(cap, C), opts(), pol);
+  loop(a);
+  CHECK(creates_for_growth(a) == 1);  // one chunk of 16 C, not four of 4 C
+  CHECK(a.check_invariants());
+  CHECK(a.release_cached() == 24 * C);
+  CHECK(creates_for_growth(a) == 2 + 4);  // a new layout forms: 4 C chunks again
+  // settle_window 0: never settled.
+  gmlake::options o = opts();
+  o.settle_window = 0;
+  A b(counting<simulated>(cap, C), o, pol);
+  loop(b);
+  CHECK(creates_for_growth(b) == 4);
+  // Growth that goes on never settles: each window (2 x reserved of requests) ends
+  // with a footprint 8 C larger than the last.
+  A c(counting<simulated>(cap, C), opts(), pol);
+  std::vector<void*> held;
+  for (int i = 0; i < 4; ++i) {
+    held.push_back(c.allocate(8 * C));
+    for (int j = 0; j < 2 * (i + 1) - 1; ++j) c.deallocate(c.allocate(8 * C));
+  }
+  CHECK(creates_for_growth(c) == 4);  // keep reuses the loop's free 8 C; more: four 4 C chunks
+  for (void* p : held) c.deallocate(p);
+  gmlake_test::check_released(a);
+  gmlake_test::check_released(b);
+  gmlake_test::check_released(c);
 }
 
 TEST_CASE("small-arena growth: from its own size, in one chunk; its chunks go back whole") {

@@ -8,6 +8,7 @@
 #include "gmlake/backend/counting.hpp"
 #include "gmlake/backend/simulated.hpp"
 #include "gmlake/detail/arena.hpp"
+#include "gmlake/detail/settling.hpp"
 #include "gmlake/policy/growth.hpp"
 #include "gmlake/policy/stitch.hpp"
 
@@ -109,6 +110,76 @@ TEST_CASE("growth rules: each stitch policy carries its own") {
   CHECK(!policy::gmlake_paper{}.stitches(511 * mib));
   CHECK(policy::best_fit_pieces{}.growth({S, 0, 80 * 1024 * mib}).floor == 16 * mib);
   CHECK(policy::largest_first{}.growth({S, 0, 80 * 1024 * mib}).floor == 16 * mib);
+}
+
+TEST_CASE("growth rules: once settled, the stitch preset grows in 64 MiB chunks and 1 GiB big chunks") {
+  const auto& r = policy::stitch_growth;
+  growth_view v{S, 40 * 1024 * mib, 80 * 1024 * mib};
+  v.settled = true;
+  const growth_plan g = r.plan(v);
+  CHECK(g.max_chunk == 64 * mib);
+  CHECK(g.floor == 64 * mib);  // reserved / 512 = 80 MiB, capped at one chunk
+  CHECK(g.big_growth == 768 * mib);
+  CHECK(g.big_chunk == 1024 * mib);
+  v.settled = false;
+  CHECK(r.plan(v).max_chunk == 32 * mib);
+  CHECK(r.plan(v).big_chunk == 256 * mib);
+  // The exact preset has no settled sizes: settling changes nothing.
+  v.settled = true;
+  CHECK(policy::exact_growth.plan(v).max_chunk == 32 * mib);
+  CHECK(policy::exact_growth.plan(v).big_growth == 0);
+  // Settled sizes are a lower bound: larger chunks set by the user stay.
+  policy::growth_rules big = r;
+  big.max_chunk = 128 * mib;
+  big.big_chunk = 2048 * mib;
+  CHECK(big.plan(v).max_chunk == 128 * mib);
+  CHECK(big.plan(v).big_chunk == 2048 * mib);
+  // The small arena's growth does not follow.
+  v.small = true;
+  v.arena_reserved = 64 * mib;
+  CHECK(r.plan(v).max_chunk == 8 * mib);
+}
+
+TEST_CASE("settling: judged each window of requested bytes, from the growth of the reserved bytes") {
+  detail::settling s(2, 50);  // a window of 2 x reserved; at most 2% growth
+  CHECK(!s.settled());
+  s.on_request(150, 100);
+  CHECK(!s.settled());  // the window is not over
+  s.on_request(50, 100);
+  CHECK(!s.settled());  // the first judgement: nothing to compare with yet
+  s.on_request(203, 102);
+  CHECK(!s.settled());  // the window is 2 x the reserved bytes now: 204
+  s.on_request(1, 102);
+  CHECK(s.settled());  // grew by 2%
+  s.on_request(204, 102);
+  CHECK(s.settled());  // no growth
+  s.on_request(210, 105);
+  CHECK(!s.settled());  // grew by 3%: growth resumed
+  s.on_request(214, 107);
+  CHECK(s.settled());
+  s.on_request(100, 50);
+  CHECK(s.settled());  // shrank
+  s.reset();
+  CHECK(!s.settled());
+  s.on_request(1000, 100);
+  CHECK(!s.settled());
+  // Requested bytes saturate instead of wrapping.
+  s.on_request(~std::size_t{0}, 100);
+  s.on_request(~std::size_t{0}, 100);
+  CHECK(s.settled());
+}
+
+TEST_CASE("settling: window 0 never settles; nothing reserved never settles") {
+  detail::settling off(0, 50);
+  for (int i = 0; i < 100; ++i) off.on_request(1000, 100);
+  CHECK(!off.settled());
+  detail::settling empty(2, 50);
+  for (int i = 0; i < 100; ++i) empty.on_request(1000, 0);
+  CHECK(!empty.settled());
+  detail::settling strict(1, 0);  // divisor 0 counts as 1: up to 100% growth
+  strict.on_request(100, 100);
+  strict.on_request(200, 200);
+  CHECK(strict.settled());
 }
 
 namespace {

@@ -52,15 +52,20 @@ TEST_CASE("settings: each key sets what it names, in its unit") {
   const settings s = parse_settings(
       "chunk_mib:4, max_chunk_mib:128,big_growth_mib:1024,big_chunk_mib:512,min_growth_mib:8,growth_divisor:1024,"
       "small_growth_divisor:4,small_growth_cap_mib:16,small_max_kib:256,stitch_edges_mib:0,stitch_pieces:32,"
-      "cached_scan:16,repair_chunks:8,append_room:2,lend_to_large:false,lend_to_small:true");
+      "cached_scan:16,repair_chunks:8,append_room:2,lend_to_large:false,lend_to_small:true,"
+      "settled_max_chunk_mib:96,settled_big_chunk_mib:2048,settle_window:3,settle_divisor:20");
   const gmlake::options o = s.applied(gmlake::options{});
   CHECK(o.chunk_size == 4 * mib);
   CHECK(o.small_max == 256 * 1024);
   CHECK(o.cached_scan == 16);
   CHECK(o.repair_chunks == 8);
   CHECK(o.append_room == 2);
+  CHECK(o.settle_window == 3);
+  CHECK(o.settle_divisor == 20);
   const policy::best_fit_pieces p = s.applied(policy::best_fit_pieces{});
   CHECK(p.grow.max_chunk == 128 * mib);
+  CHECK(p.grow.settled_max_chunk == 96 * mib);
+  CHECK(p.grow.settled_big_chunk == 2048 * mib);
   CHECK(p.grow.big_growth == 1024 * mib);
   CHECK(p.grow.big_chunk == 512 * mib);
   CHECK(p.grow.floor == 8 * mib);
@@ -77,11 +82,15 @@ TEST_CASE("settings: each key sets what it names, in its unit") {
 }
 
 TEST_CASE("settings: the floor and big chunks leave a policy that grows exactly alone") {
-  const settings s = parse_settings("min_growth_mib:64,big_growth_mib:64,big_chunk_mib:512,max_chunk_mib:64");
+  const settings s = parse_settings(
+      "min_growth_mib:64,big_growth_mib:64,big_chunk_mib:512,max_chunk_mib:64,settled_big_chunk_mib:512,"
+      "settled_max_chunk_mib:128");
   const policy::no_stitch bfc = s.applied(policy::no_stitch{});
   CHECK(bfc.grow.floor == 0);
   CHECK(bfc.grow.big_growth == 0);
+  CHECK(bfc.grow.settled_big_chunk == 0);
   CHECK(bfc.grow.max_chunk == 64 * mib);  // chunk sizes apply everywhere
+  CHECK(bfc.grow.settled_max_chunk == 128 * mib);
   const policy::best_fit_pieces g = s.applied(policy::best_fit_pieces{});
   CHECK(g.grow.floor == 64 * mib);
   CHECK(g.grow.big_chunk == 512 * mib);
@@ -139,7 +148,9 @@ TEST_CASE("settings: every key at its extremes keeps the allocator sound") {
         "small_max_kib:0,small_growth_divisor:1,small_growth_cap_mib:0", "small_max_kib:1024,small_growth_divisor:0",
         "stitch_pieces:1,stitch_edges_mib:0,cached_scan:0,repair_chunks:0,append_room:0",
         "stitch_pieces:65536,stitch_edges_mib:1,cached_scan:1,repair_chunks:8,append_room:16",
-        "chunk_mib:8,lend_to_large:false,lend_to_small:true", "chunk_mib:0,lend_to_large:true,lend_to_small:false"}) {
+        "chunk_mib:8,lend_to_large:false,lend_to_small:true", "chunk_mib:0,lend_to_large:true,lend_to_small:false",
+        "settle_window:1,settle_divisor:1,settled_max_chunk_mib:1024,settled_big_chunk_mib:1024",
+        "settle_window:64,settle_divisor:65536,settled_max_chunk_mib:0,settled_big_chunk_mib:0", "settle_window:0"}) {
     CAPTURE(text);
     const settings s = parse_settings(text);
     // 512 MiB: near capacity, so requests stitch, grow, and some fail (S5).

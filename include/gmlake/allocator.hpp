@@ -46,6 +46,7 @@
 #include "detail/arena.hpp"
 #include "detail/footprint.hpp"
 #include "detail/node_pool.hpp"
+#include "detail/settling.hpp"
 #include "detail/stitch_planner.hpp"
 #include "detail/stitch_pool.hpp"
 #include "detail/stream_table.hpp"
@@ -71,6 +72,12 @@ struct options {
   /// of the mapping's bytes: a larger request may append chunks to a cached block
   /// there instead of stitching anew. 0: none (never appended). At most 16.
   std::size_t append_room = 1;
+  /// When the job counts as settled, which the growth rules may answer with larger
+  /// chunks (growth_view::settled): each time it has asked for settle_window x its
+  /// reserved bytes, it is settled if they grew by at most 1/settle_divisor since
+  /// the last such point. 0: never settled. release_cached() starts it over.
+  std::size_t settle_window = 2;
+  std::size_t settle_divisor = 50;
   /// Called on misuse (double or foreign free) with a message, after the allocator's
   /// lock is released (the hook may call the allocator); nullptr: abort with the
   /// message when GMLAKE_DEBUG >= 1, ignore otherwise.
@@ -97,6 +104,7 @@ class basic_allocator {
         evict_(evict),
         fit_(fit),
         slot_(opt.chunk_size ? round_up(opt.chunk_size, backend_.granularity()) : backend_.granularity()),
+        settling_(opt.settle_window, opt.settle_divisor),
         streams_(driver_),
         small_(driver_, nodes_, streams_, held_, slot_),
         large_(driver_, nodes_, streams_, held_, slot_),
@@ -321,6 +329,7 @@ class basic_allocator {
     if (!streams_.index_of(stream, s)) return nullptr;
     for (int attempt = 0; attempt < 2; ++attempt) {
       if (void* p = place(size, bytes, s, alignment)) {
+        settling_.on_request(bytes, static_cast<std::size_t>(held_.reserved.current));
         debug_check();
         return p;
       }
@@ -536,7 +545,7 @@ class basic_allocator {
   /// How an arena grows now, as the stitch policy says.
   [[nodiscard]] growth_plan growth(bool small) const noexcept {
     return stitch_.growth({slot_, static_cast<std::size_t>(held_.reserved.current), backend_.capacity(), small,
-                           (small ? small_ : large_).reserved()});
+                           (small ? small_ : large_).reserved(), settling_.settled()});
   }
 
   /// Before an arena grows past the peak reserved so far, the other one releases
@@ -631,6 +640,7 @@ class basic_allocator {
     small_.coalesce_all();
     large_.coalesce_all();
     const std::size_t released = small_.release_free_chunks() + large_.release_free_chunks();
+    if (released != 0) settling_.reset();
     debug_check();
     return released;
   }
@@ -657,6 +667,7 @@ class basic_allocator {
   [[no_unique_address]] Evict evict_;
   [[no_unique_address]] Fit fit_;
   std::size_t slot_;
+  detail::settling settling_;  // is the job settled? (options::settle_window)
   bool capture_ = false;  // set_capture_mode
   misuse_report misused_;  // under the lock: the misuse deallocate() reports after it
   statistics stats_;      // the request side; the footprint and the calls are added by stats()

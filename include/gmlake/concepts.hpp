@@ -182,6 +182,7 @@ struct growth_view {
   std::size_t capacity = 0;        ///< the backend's capacity
   bool small = false;              ///< the small arena grows (else the large one)
   std::size_t arena_reserved = 0;  ///< physical bytes the growing arena holds now
+  bool settled = false;            ///< the job has settled: its footprint stopped growing (options::settle_window)
 };
 
 /// How one growth of an arena creates chunks.

@@ -17,6 +17,11 @@
 //   max_chunk_mib         largest chunk a growth of the large arena creates (32)
 //   big_growth_mib        a growth of at least this many bytes ... (768)
 //   big_chunk_mib         ... creates chunks of up to this size (256)
+//   settled_max_chunk_mib once the job has settled, max_chunk_mib is at least this (64)
+//   settled_big_chunk_mib ... and big_chunk_mib at least this (1024)
+//   settle_window         the job is judged settled each time it has asked for this
+//                         many times its reserved bytes (2; 0: never settled) ...
+//   settle_divisor        ... if they grew by at most 1/this since the last time (50)
 //   min_growth_mib        a growth creates at least this many bytes (16) ...
 //   growth_divisor        ... and at least reserved / this (512; 0: no such term)
 //   small_growth_divisor  the small arena grows by its reserved bytes / this (8; 0: one slot)
@@ -31,10 +36,11 @@
 //   lend_to_large         free small-arena chunks are released before the large arena
 //                         grows past its peak (true)
 //   lend_to_small         and the other way (false)
-// min_growth_mib, growth_divisor, big_growth_mib and big_chunk_mib apply to policies
-// that grow with a floor (the stitching ones): the others keep growing the large
-// arena by exactly what a request needs. max_chunk_mib, the small arena's growth and
-// lending apply to every policy; stitch_edges_mib and stitch_pieces where the policy
+// min_growth_mib, growth_divisor, big_growth_mib, big_chunk_mib and
+// settled_big_chunk_mib apply to policies that grow with a floor (the stitching
+// ones): the others keep growing the large arena by exactly what a request needs.
+// max_chunk_mib, settled_max_chunk_mib, the small arena's growth and lending apply
+// to every policy; stitch_edges_mib and stitch_pieces where the policy
 // has them.
 //
 // Errors: parse_settings throws std::invalid_argument naming the item (an unknown
@@ -61,6 +67,7 @@ namespace gmlake {
 /// member keeps what it overrides.
 struct settings {
   std::optional<std::size_t> chunk, max_chunk, big_growth, big_chunk, floor, floor_divisor;
+  std::optional<std::size_t> settled_max_chunk, settled_big_chunk, settle_window, settle_divisor;
   std::optional<std::size_t> small_divisor, small_cap, small_max, edges, pieces;
   std::optional<std::size_t> cached_scan, repair_chunks, append_room;
   std::optional<bool> lend_to_large, lend_to_small;
@@ -72,6 +79,8 @@ struct settings {
     if (cached_scan) o.cached_scan = *cached_scan;
     if (repair_chunks) o.repair_chunks = *repair_chunks;
     if (append_room) o.append_room = *append_room;
+    if (settle_window) o.settle_window = *settle_window;
+    if (settle_divisor) o.settle_divisor = *settle_divisor;
     return o;
   }
 
@@ -81,11 +90,13 @@ struct settings {
   [[nodiscard]] Policy applied(Policy p) const noexcept {
     policy::growth_rules& g = p.grow;
     if (max_chunk) g.max_chunk = *max_chunk;
+    if (settled_max_chunk) g.settled_max_chunk = *settled_max_chunk;
     if (g.floor != 0 || g.floor_divisor != 0) {
       if (floor) g.floor = *floor;
       if (floor_divisor) g.floor_divisor = *floor_divisor;
       if (big_growth) g.big_growth = *big_growth;
       if (big_chunk) g.big_chunk = *big_chunk;
+      if (settled_big_chunk) g.settled_big_chunk = *settled_big_chunk;
     }
     if (small_divisor) g.small_divisor = *small_divisor;
     if (small_cap) g.small_cap = *small_cap;
@@ -122,11 +133,15 @@ struct key {
 inline constexpr std::size_t kib = std::size_t{1} << 10, mib = std::size_t{1} << 20;
 /// 1 PiB in MiB; with a 32-bit size_t, what fits (parse_settings checks the product).
 inline constexpr std::size_t most_mib = sizeof(std::size_t) >= 8 ? std::size_t{1} << 30 : std::size_t{4095};
-inline constexpr std::array<key, 16> keys = {{
+inline constexpr std::array<key, 20> keys = {{
     {"chunk_mib", mib, 0, 1024, &settings::chunk, nullptr},
     {"max_chunk_mib", mib, 0, most_mib, &settings::max_chunk, nullptr},
     {"big_growth_mib", mib, 0, most_mib, &settings::big_growth, nullptr},
     {"big_chunk_mib", mib, 0, most_mib, &settings::big_chunk, nullptr},
+    {"settled_max_chunk_mib", mib, 0, most_mib, &settings::settled_max_chunk, nullptr},
+    {"settled_big_chunk_mib", mib, 0, most_mib, &settings::settled_big_chunk, nullptr},
+    {"settle_window", 1, 0, 64, &settings::settle_window, nullptr},
+    {"settle_divisor", 1, 1, 1 << 16, &settings::settle_divisor, nullptr},
     {"min_growth_mib", mib, 0, most_mib, &settings::floor, nullptr},
     {"growth_divisor", 1, 0, most_mib, &settings::floor_divisor, nullptr},
     {"small_growth_divisor", 1, 0, most_mib, &settings::small_divisor, nullptr},

@@ -30,6 +30,12 @@ struct growth_rules {
   /// big_chunk bytes instead of max_chunk: fewer chunks for a very large request.
   std::size_t big_growth = 0;
   std::size_t big_chunk = 0;
+  /// Once the job has settled (growth_view::settled), max_chunk and big_chunk are
+  /// at least these (0: unchanged). While the layout forms, chunks are cut into many
+  /// shapes, and small ones leave the least surplus; growth after that comes from
+  /// new shapes, which repeat, and larger chunks cost fewer driver calls.
+  std::size_t settled_max_chunk = 0;
+  std::size_t settled_big_chunk = 0;
   /// The small arena grows by at least its reserved bytes / small_divisor, rounded
   /// down to the slot and capped at small_cap (0: no cap), in chunks of that size
   /// (small_divisor 0: one slot per chunk, no floor). Small requests make many
@@ -50,7 +56,7 @@ struct growth_rules {
       g.max_chunk = std::max(g.floor, v.slot);
       return g;
     }
-    g.max_chunk = round_up(max_chunk, v.slot);
+    g.max_chunk = round_up(v.settled ? std::max(max_chunk, settled_max_chunk) : max_chunk, v.slot);
     if (floor != 0 || floor_divisor != 0) {
       std::size_t cap = g.max_chunk;
       if (floor_cap_divisor != 0) cap = std::min(cap, v.capacity / floor_cap_divisor);
@@ -61,7 +67,7 @@ struct growth_rules {
     }
     if (big_growth != 0) {
       g.big_growth = big_growth;
-      g.big_chunk = round_up(big_chunk, v.slot);
+      g.big_chunk = round_up(v.settled ? std::max(big_chunk, settled_big_chunk) : big_chunk, v.slot);
     }
     return g;
   }
@@ -75,7 +81,8 @@ inline constexpr growth_rules exact_growth{};
 
 /// As exact_growth, and a growth of the large arena creates at least 16 MiB and at
 /// least 1/512 of the reserved bytes (capped at one chunk and at capacity / 1024);
-/// a growth of 768 MiB or more creates chunks of up to 256 MiB; the small arena
+/// a growth of 768 MiB or more creates chunks of up to 256 MiB (once the job has
+/// settled: chunks of up to 64 MiB, and 1 GiB for such large growths); the small arena
 /// grows by at least 1/8 of its reserved bytes (rounded down to the slot), up to
 /// 8 MiB, in one chunk. Fewer, larger chunks for later stitches to map; the surplus
 /// is reused by the next stitch or split. The rules of the stitching configurations
@@ -86,6 +93,8 @@ inline constexpr growth_rules stitch_growth{.max_chunk = std::size_t{32} << 20,
                                             .floor_cap_divisor = 1024,
                                             .big_growth = std::size_t{768} << 20,
                                             .big_chunk = std::size_t{256} << 20,
+                                            .settled_max_chunk = std::size_t{64} << 20,
+                                            .settled_big_chunk = std::size_t{1024} << 20,
                                             .small_divisor = 8,
                                             .small_cap = std::size_t{8} << 20,
                                             .lends = lending{}};
