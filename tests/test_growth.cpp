@@ -147,22 +147,20 @@ TEST_CASE("settling: judged each window of requested bytes, from the growth of t
   CHECK(!s.settled());  // the window is not over
   s.on_request(50, 100);
   CHECK(!s.settled());  // the first judgement: nothing to compare with yet
-  s.on_request(203, 102);
-  CHECK(!s.settled());  // the window is 2 x the reserved bytes now: 204
-  s.on_request(1, 102);
-  CHECK(s.settled());  // grew by 2%
-  s.on_request(204, 102);
-  CHECK(s.settled());  // no growth
   s.on_request(210, 105);
-  CHECK(!s.settled());  // grew by 3%: growth resumed
-  s.on_request(214, 107);
-  CHECK(s.settled());
-  s.on_request(100, 50);
-  CHECK(s.settled());  // shrank
+  CHECK(!s.settled());  // grew by 5%
+  s.on_request(209, 107);
+  CHECK(!s.settled());  // the window is 2 x the reserved bytes now: 214
+  s.on_request(5, 107);
+  CHECK(s.settled());  // grew by 2 bytes, less than 2%
+  s.on_request(1000, 500);
+  CHECK(s.settled());  // settled stays: growth after it is the formed layout's
   s.reset();
   CHECK(!s.settled());
-  s.on_request(1000, 100);
-  CHECK(!s.settled());
+  s.on_request(200, 100);
+  s.on_request(200, 100);
+  CHECK(s.settled());  // no growth at all
+  s.reset();
   // Requested bytes saturate instead of wrapping.
   s.on_request(~std::size_t{0}, 100);
   s.on_request(~std::size_t{0}, 100);

@@ -75,7 +75,8 @@ struct options {
   /// When the job counts as settled, which the growth rules may answer with larger
   /// chunks (growth_view::settled): each time it has asked for settle_window x its
   /// reserved bytes, it is settled if they grew by at most 1/settle_divisor since
-  /// the last such point. 0: never settled. release_cached() starts it over.
+  /// the last such point; then it stays settled until release_cached() releases
+  /// memory. settle_window 0: never settled.
   std::size_t settle_window = 2;
   std::size_t settle_divisor = 50;
   /// Called on misuse (double or foreign free) with a message, after the allocator's

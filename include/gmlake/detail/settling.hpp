@@ -5,9 +5,9 @@
 // what grows after that comes from new shapes (a longer sequence, a larger batch).
 // Judged in windows of requested bytes: each time the job has asked for `window` x
 // its reserved bytes since the last judgement, it is settled if its reserved bytes
-// grew by at most 1/divisor over that window. Judged again every window, so growth
-// that resumes un-settles it. The growth rules may then create coarser chunks
-// (policy/growth.hpp, settled_max_chunk).
+// grew by at most 1/divisor over that window. Once settled it stays so until reset
+// (release_cached): growth after that is the new shapes of a formed layout. The
+// growth rules may then create coarser chunks (policy/growth.hpp, settled_max_chunk).
 #pragma once
 
 #include <cstddef>
@@ -22,7 +22,7 @@ class settling {
 
   /// A request of `bytes` was made; the allocator now holds `reserved` bytes.
   constexpr void on_request(std::size_t bytes, std::size_t reserved) noexcept {
-    if (window_ == 0) return;
+    if (window_ == 0 || settled_) return;
     asked_ = asked_ + bytes < asked_ ? static_cast<std::size_t>(-1) : asked_ + bytes;
     if (asked_ / window_ < reserved) return;  // the window is not over
     settled_ = mark_ != 0 && reserved - (reserved > mark_ ? mark_ : reserved) <= mark_ / divisor_;
