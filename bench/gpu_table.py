@@ -96,8 +96,28 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 # The before/after tables of docs/benchmarks.md: title, text, the runs compared
 # (files of bench/results, or tuples of repeated runs of one build; None: the run
-# the section shows).
+# the section shows) and, where both are rows of the same runs, the allocator label
+# of the before rows.
 COMPARISONS = [
+    ("Before and after: settled growth",
+     """gmlake's rows (after: settled growth on, the default) and `gmlake:settle_window:0`'s
+(before: off) of two runs of the same command in one call, on an NVIDIA H100 80GB HBM3
+(driver 580.159; the build of commit 85f1a29): `GMLAKE_GPU_SETTINGS="settle_window:0"
+bash .ci/gpu OUT TRACES`, the 17 traces, then the same with `GMLAKE_GPU_PARTS=replay`
+(`bench/results/h100-replay-settled.jsonl`, `-2`). Before and after ran in the same
+runs, trace by trace, so their times compare; each time column shows the two runs.
+Fragmentation and device allocations after i 4 equal the host replay's in both runs.
+Device allocations after i 4 fall on 9 traces (gpt2l-fsdp-dyn 229 -> 108,
+moe-small-dynseq 55 -> 19) and stay the same on the other 8; measured driver time falls in both runs on 9 traces (gpt2l-fsdp-dyn by 50
+and 59%, moe-small-dynseq by 66 and 45%), and on the others the two runs of one build
+differ more than the builds do. It stays above 1 ms on llama-small-lora-ckpt and
+llama1b-generate (measured 1793 and 1845 us on this machine against 1202 modelled),
+and crossed it in one of the two runs on gpt2l-fsdp-dyn (1199 us) and gpt2s-dynseq
+(1246 us). gmlake's ns/op is above PyTorch default's on llama-small-lora-ckpt in
+both runs (479 against 401, 541 against 398) and on synth-ckpt-dyn in the first (744
+against 338; 261 against 315 in the second).
+""", ("h100-replay-settled.jsonl", "h100-replay-settled-2.jsonl"),
+     ("h100-replay-settled.jsonl", "h100-replay-settled-2.jsonl"), "gmlake:settle_window:0"),
     ("Before and after: the small arena's growth",
      """gmlake's rows of four runs of the same command (`GMLAKE_GPU_PARTS=replay bash .ci/gpu
 OUT TRACES`, the 17 traces) in one call on one machine, alternated: after, before,
@@ -151,16 +171,17 @@ builds, so its differences are the run-to-run variation of measured time
 ]
 
 
-def before_after(title, text, before, after):
+def before_after(title, text, before, after, before_label="gmlake"):
     """before, after: the files of one or more runs of each build (their times are
-    shown side by side; fragmentation and device allocations are the first run's)."""
+    shown side by side; fragmentation and device allocations are the first run's);
+    before_label: the allocator of the before rows."""
     bs = [load(f) for f in before]
     as_ = [load(f) for f in after]
     out = ["| trace | frag before | frag after | device allocs after i4, before | after "
            "| driver us/iter before | after | ns/op before | after |",
            "|---|---|---|---|---|---|---|---|---|"]
     for trace in sorted(as_[0]):
-        xs = [b.get(trace, {}).get("gmlake") for b in bs]
+        xs = [b.get(trace, {}).get(before_label) for b in bs]
         ys = [a.get(trace, {}).get("gmlake") for a in as_]
         if not all(xs) or not all(ys):
             continue
@@ -190,11 +211,11 @@ def comparisons(main_run):
     def paths(runs):
         return tuple(os.path.join(RESULTS, f) for f in (runs if isinstance(runs, tuple) else (runs,)))
 
-    for title, text, before, after in COMPARISONS:
+    for title, text, before, after, *label in COMPARISONS:
         b = paths(before)
         a = (main_run,) if after is None else paths(after)
         if all(os.path.exists(f) for f in b + a):
-            out += before_after(title, text, b, a)
+            out += before_after(title, text, b, a, *label)
     return out
 
 

@@ -47,8 +47,9 @@ OPTIONS = {
 }
 CONFIGS = ["gmlake", "bfc", "expandable", "gmlake-paper", "largest-first"] + list(OPTIONS)
 # Settings a user may choose (GMLAKE_ALLOC_CONF, gmlake/settings.hpp): fewer chunks mapped
-# for more memory reserved. Each is replayed with `--config gmlake --settings TEXT`.
-SETTINGS = ["max_chunk_mib:64", "max_chunk_mib:128", "stitch_edges_mib:0",
+# for more memory reserved, and settled growth off. Each is replayed with
+# `--config gmlake --settings TEXT`.
+SETTINGS = ["settle_window:0", "max_chunk_mib:64", "max_chunk_mib:128", "stitch_edges_mib:0",
             "stitch_edges_mib:0,max_chunk_mib:128,big_chunk_mib:512"]
 PEERS = [("torch-default", "PyTorch default"), ("torch-expandable", "PyTorch expandable_segments"),
          ("cudaMallocAsync", "cudaMallocAsync pool")]
@@ -154,7 +155,9 @@ def settings_section(replay, traces, default, best_peer):
              "`gmlake::parse_settings` in C++. Each column is `gmlake-replay --json --config gmlake --settings",
              "TEXT TRACE`; each cell is fragmentation and modelled driver us/iter after `i 4`. Every",
              "combination of a grid of settings, per trace: `python3 bench/settings_sweep.py`",
-             "([docs/design.md](design.md), \"The trade, left to the job\").", "",
+             "([docs/design.md](design.md), \"The trade, left to the job\"). `settle_window:0` turns settled",
+             "growth off: the large arena then grows in the chunks of the layout's formation for the whole job",
+             "([docs/design.md](design.md), \"Settled growth\").", "",
              "| settings | mean frag | traces above 1% | above the best H200 peer | mean driver us/iter | "
              "traces above 1 ms |", "|---|---|---|---|---|---|"]
     for label, rs in cols:
