@@ -950,6 +950,159 @@ TEST_CASE("lending to_small: a free large-arena chunk is released before the sma
   gmlake_test::check_released(a);
 }
 
+/// Policy and options with which a loop of 4 C requests settles the job: one slot
+/// per chunk, borrowing of chunks up to 2 C.
+policy::best_fit_pieces borrowing() {
+  policy::best_fit_pieces pol = one_slot();
+  pol.grow.lends.borrow_max = 2 * C;
+  return pol;
+}
+template <class A>
+void settle_at_4c(A& a) {
+  for (int i = 0; i < 4; ++i) a.deallocate(a.allocate(4 * C));
+}
+
+TEST_CASE("borrowing: once settled, the small arena maps a free large-arena chunk instead of growing past the peak") {
+  using A = gmlake::gmlake_allocator<counting<host_memfd>>;
+  A a(counting<host_memfd>(cap, C), opts(), borrowing());
+  settle_at_4c(a);
+  CHECK(reserved(a) == static_cast<std::int64_t>(4 * C));
+  const auto creates = a.backend().counts().calls_of(call::create);
+  auto* small = static_cast<unsigned char*>(a.allocate(kib));  // borrows: a map, no create
+  std::memset(small, 0x5a, kib);
+  CHECK(a.backend().counts().calls_of(call::create) == creates);
+  CHECK(reserved(a) == static_cast<std::int64_t>(4 * C));
+  CHECK(a.stats().borrowed_bytes == C);
+  CHECK(a.stats().mapped_bytes.current == static_cast<std::int64_t>(5 * C));  // the chunk is mapped twice
+  CHECK(a.breakdown().small_reserved == C);
+  CHECK(a.breakdown().large_reserved == 3 * C);
+  CHECK(a.check_invariants());
+  std::size_t small_chunks = 0;  // the snapshot shows the chunk once, as the small arena's
+  a.visit_layout([&](const gmlake::layout_segment& g) { small_chunks += g.kind == gmlake::layout_segment::small_chunk; },
+                 [](const gmlake::layout_piece&) {});
+  CHECK(small_chunks == 1);
+  void* more = a.allocate(2 * kib);  // the borrowed chunk serves further small requests
+  CHECK(a.stats().borrowed_bytes == C);
+  // The lent chunk is taken for the large arena: what is left of it still serves,
+  // and a stitched block that mapped it cannot be claimed.
+  void* big = a.allocate(3 * C);
+  CHECK(reserved(a) == static_cast<std::int64_t>(4 * C));
+  a.deallocate(big);
+  void* bigger = a.allocate(4 * C);  // the small chunk is in use: the large arena grows
+  CHECK(reserved(a) == static_cast<std::int64_t>(5 * C));
+  CHECK(a.check_invariants());
+  CHECK(small[0] == 0x5a);
+  CHECK(small[kib - 1] == 0x5a);
+  a.deallocate(bigger);
+  a.deallocate(more);
+  a.deallocate(small);
+  // Free again in the small arena: given back (an unmap there) before the large arena
+  // grows, which then needs no new chunk.
+  const auto creates2 = a.backend().counts().calls_of(call::create);
+  void* all = a.allocate(5 * C);
+  CHECK(a.backend().counts().calls_of(call::create) == creates2);
+  CHECK(reserved(a) == static_cast<std::int64_t>(5 * C));
+  CHECK(a.breakdown().small_reserved == 0);
+  CHECK(a.check_invariants());
+  a.deallocate(all);
+  gmlake_test::check_released(a);
+  CHECK(a.backend().parent().mapping_count() == 0);
+  CHECK(a.backend().parent().chunk_count() == 0);
+}
+
+TEST_CASE("borrowing: not before the job has settled, nor when off; release_cached gives borrowed chunks back") {
+  using A = gmlake::gmlake_allocator<counting<simulated>>;
+  {
+    A a(counting<simulated>(cap, C), opts(), borrowing());
+    a.deallocate(a.allocate(4 * C));  // one request: not settled
+    void* small = a.allocate(kib);
+    CHECK(reserved(a) == static_cast<std::int64_t>(5 * C));
+    CHECK(a.stats().borrowed_bytes == 0);
+    a.deallocate(small);
+    gmlake_test::check_released(a);
+  }
+  {
+    A a(counting<simulated>(cap, C), opts(), one_slot());  // borrow_max 0
+    settle_at_4c(a);
+    void* small = a.allocate(kib);
+    CHECK(reserved(a) == static_cast<std::int64_t>(5 * C));
+    CHECK(a.stats().borrowed_bytes == 0);
+    a.deallocate(small);
+    gmlake_test::check_released(a);
+  }
+  {
+    A a(counting<simulated>(cap, C), opts(), borrowing());
+    settle_at_4c(a);
+    a.deallocate(a.allocate(kib));
+    CHECK(a.stats().borrowed_bytes == C);
+    CHECK(a.release_cached() == 4 * C);  // given back first, then released by the large arena
+    CHECK(a.check_invariants());
+    gmlake_test::check_released(a);
+  }
+  {  // destroyed while a chunk is borrowed: unmapped there, released here, nothing left
+    counting<simulated> real(cap, C);
+    {
+      gmlake::gmlake_allocator<gmlake_test::borrowed<counting<simulated>>> a(gmlake_test::borrowed<counting<simulated>>(&real),
+                                                                            opts(), borrowing());
+      settle_at_4c(a);
+      a.deallocate(a.allocate(kib));
+      CHECK(a.stats().borrowed_bytes == C);
+    }
+    CHECK(real.parent().mapped_bytes() == 0);
+    CHECK(real.parent().chunk_count() == 0);
+  }
+}
+
+TEST_CASE("borrowing: a failed map, access or unmap leaves a consistent state, and the chunk goes back later") {
+  using F = gmlake::backend::fault_injecting<counting<simulated>>;
+  using gmlake::backend::fault;
+  using A = gmlake::gmlake_allocator<F>;
+  for (fault k : {fault::map, fault::set_access}) {  // the loan goes back; the small arena grows instead
+    A a(F(cap, C), opts(), borrowing());
+    settle_at_4c(a);
+    a.backend().reset_counts();
+    a.backend().fail_at(k, 1, gmlake::errc::driver);
+    void* small = a.allocate(kib);
+    CHECK(a.backend().injected() == 1);
+    CHECK(a.stats().borrowed_bytes == 0);
+    CHECK(reserved(a) == static_cast<std::int64_t>(5 * C));
+    CHECK(a.check_invariants());
+    a.deallocate(small);
+    gmlake_test::check_released(a);
+  }
+  {  // set_access fails and so does the unmap that undoes the map: quarantined, then given back
+    A a(F(cap, C), opts(), borrowing());
+    settle_at_4c(a);
+    a.backend().reset_counts();
+    a.backend().fail_at(fault::set_access, 1, gmlake::errc::driver);
+    a.backend().then_fail(fault::unmap);
+    void* small = a.allocate(kib);
+    CHECK(a.backend().injected() == 2);
+    CHECK(a.stats().quarantined_bytes.current == static_cast<std::int64_t>(C));
+    CHECK(a.check_invariants());
+    a.deallocate(small);
+    gmlake_test::check_released(a);  // retries the unmap: the chunk goes back and is released
+    CHECK(a.stats().quarantined_bytes.current == 0);
+    CHECK(a.backend().parent().parent().mapped_bytes() == 0);
+  }
+  {  // the unmap that gives it back fails: it stays borrowed, free, until a later give-back
+    A a(F(cap, C), opts(), borrowing());
+    settle_at_4c(a);
+    a.deallocate(a.allocate(kib));
+    CHECK(a.stats().borrowed_bytes == C);
+    a.backend().reset_counts();
+    a.backend().fail_at(fault::unmap, 1, gmlake::errc::driver);
+    void* big = a.allocate(4 * C);  // give-back fails: the large arena grows
+    CHECK(a.backend().injected() == 1);
+    CHECK(reserved(a) == static_cast<std::int64_t>(5 * C));
+    CHECK(a.breakdown().small_reserved == C);
+    CHECK(a.check_invariants());
+    a.deallocate(big);
+    gmlake_test::check_released(a);
+    CHECK(a.backend().parent().parent().mapped_bytes() == 0);
+  }
+}
+
 TEST_CASE("lending never waits: a small chunk still in use by queued work is lent once that work is done") {
   gmlake::gmlake_allocator<simulated> a(simulated(cap, C), opts(), one_slot());
   a.backend().set_auto_complete(false);  // work on a stream stays queued until complete()

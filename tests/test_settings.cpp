@@ -53,7 +53,7 @@ TEST_CASE("settings: each key sets what it names, in its unit") {
       "chunk_mib:4, max_chunk_mib:128,big_growth_mib:1024,big_chunk_mib:512,min_growth_mib:8,growth_divisor:1024,"
       "small_growth_divisor:4,small_growth_cap_mib:16,small_max_kib:256,stitch_edges_mib:0,stitch_pieces:32,"
       "cached_scan:16,repair_chunks:8,append_room:2,lend_to_large:false,lend_to_small:true,"
-      "settled_max_chunk_mib:96,settled_big_chunk_mib:2048,settle_window:3,settle_divisor:20");
+      "settled_max_chunk_mib:96,settled_big_chunk_mib:2048,settle_window:3,settle_divisor:20,borrow_max_mib:16");
   const gmlake::options o = s.applied(gmlake::options{});
   CHECK(o.chunk_size == 4 * mib);
   CHECK(o.small_max == 256 * 1024);
@@ -76,6 +76,8 @@ TEST_CASE("settings: each key sets what it names, in its unit") {
   CHECK(p.pieces == 32);
   CHECK(!p.grow.lends.to_large);
   CHECK(p.grow.lends.to_small);
+  CHECK(p.grow.lends.borrow_max == 16 * mib);
+  CHECK(policy::best_fit_pieces{}.grow.lends.borrow_max == 0);  // off unless set
   // str() gives the keys back in a form parse_settings reads to the same settings.
   CHECK(parse_settings(s.str()) == s);
   CHECK(s.str().find("stitch_edges_mib:0") != std::string::npos);
@@ -149,6 +151,7 @@ TEST_CASE("settings: every key at its extremes keeps the allocator sound") {
         "stitch_pieces:1,stitch_edges_mib:0,cached_scan:0,repair_chunks:0,append_room:0",
         "stitch_pieces:65536,stitch_edges_mib:1,cached_scan:1,repair_chunks:8,append_room:16",
         "chunk_mib:8,lend_to_large:false,lend_to_small:true", "chunk_mib:0,lend_to_large:true,lend_to_small:false",
+        "borrow_max_mib:2,settle_window:1,settle_divisor:1", "borrow_max_mib:1024,settle_window:1,settle_divisor:1,lend_to_small:true",
         "settle_window:1,settle_divisor:1,settled_max_chunk_mib:1024,settled_big_chunk_mib:1024",
         "settle_window:64,settle_divisor:65536,settled_max_chunk_mib:0,settled_big_chunk_mib:0", "settle_window:0"}) {
     CAPTURE(text);
@@ -172,6 +175,7 @@ TEST_CASE("settings: every key at its extremes keeps the allocator sound") {
     }
     CHECK(a.check_invariants());
     CHECK(live.size() > 100);  // most requests were served
+    if (s.borrow_max) CHECK(a.stats().borrowed_bytes > 0);
     for (auto [p, n] : live) a.deallocate(p, n);
     gmlake_test::check_released(a);
   }

@@ -650,6 +650,7 @@ class native_allocator final : public cca::CUDAAllocator {
       t.num_ooms += s.num_ooms;
       t.invalid_frees += s.invalid_frees;
       t.lent_bytes += s.lent_bytes;
+      t.borrowed_bytes += s.borrowed_bytes;
     }
     return t;
   }
@@ -1025,6 +1026,7 @@ pybind11::dict stats_dict(int device) {
   r["gmlake.stream_waits"] = s.stream_waits;
   r["gmlake.invalid_frees"] = s.invalid_frees;
   r["gmlake.lent_bytes"] = s.lent_bytes;
+  r["gmlake.borrowed_bytes"] = s.borrowed_bytes;
   r["gmlake.chunk_bytes"] = a.chunk_size(static_cast<DeviceIndex>(device));
   r["gmlake.graph_pools"] = a.pool_count(static_cast<DeviceIndex>(device));
   const gmlake::memory_breakdown m = a.breakdown(static_cast<DeviceIndex>(device));

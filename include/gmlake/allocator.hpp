@@ -111,6 +111,7 @@ class basic_allocator {
         large_(driver_, nodes_, streams_, held_, slot_),
         pool_(driver_, large_, streams_, nodes_, held_) {
     const std::size_t va = round_up(backend_.capacity(), slot_) * (opt_.va_factor ? opt_.va_factor : 1);
+    small_.borrow_from(large_);
     if (errc e = small_.open(va); e != errc::ok) fail_open(e);
     if (errc e = large_.open(va); e != errc::ok) {
       small_.close();
@@ -259,9 +260,9 @@ class basic_allocator {
     const auto s = small_.tally(), l = large_.tally();
     m.requested = static_cast<std::size_t>(stats_.requested_bytes.current);
     m.active = static_cast<std::size_t>(stats_.active_bytes.current);
-    m.small_reserved = s.reserved;
+    m.small_reserved = s.reserved + s.borrowed;  // the bytes each arena places in
     m.small_free = s.free_whole + s.free_partial;
-    m.large_reserved = l.reserved;
+    m.large_reserved = l.reserved - l.lent;
     m.large_free_whole = l.free_whole;
     m.large_free_partial = l.free_partial;
     m.free_pending = s.free_pending + l.free_pending;
@@ -408,7 +409,8 @@ class basic_allocator {
         if (void* p = stitch(plan, size, requested, s, alignment)) return p;  // S3
     }
     retry_quarantine();
-    lend_before_growth(small, size);
+    if (lend_before_growth(small, size))  // chunks borrowed or given back: S2 again
+      if (range* f = a.pick(fit_, size, fits)) return take(a, *f, size, requested, alignment, fit_state::s2_split);
     if (stitch_.create_shortfall()) {  // S4: create only the shortfall, the fewer new bytes of two ways
       typename arena_type::extension e;
       const bool can_extend = a.find_extension(size, alignment, usable, e);
@@ -551,23 +553,44 @@ class basic_allocator {
 
   /// Before an arena grows past the peak reserved so far, the other one releases
   /// free chunks as the stitch policy's lending says, so that bytes move to where
-  /// they are needed instead of adding up. Only chunks whose stream work is done
-  /// now: it asks the streams (an event query) and never waits, since a wait here,
+  /// they are needed instead of adding up; or the small arena borrows a free chunk
+  /// of the large one, and gives such chunks back, once free, before the large arena
+  /// grows (true when either happened: place the request again). Only chunks whose stream work is
+  /// done now: it asks the streams (an event query) and never waits, since a wait here,
   /// in the middle of a training step, would drain the device's queue; chunks still
   /// in use by queued work are lent at a later growth.
-  void lend_before_growth(bool small, std::size_t size) noexcept {
-    if (capture_) return;
+  bool lend_before_growth(bool small, std::size_t size) noexcept {
+    if (capture_) return false;
     const lending l = stitch_.lends();
     const std::int64_t now = held_.reserved.current, peak = held_.reserved.peak;
-    if (small && l.to_small && now + static_cast<std::int64_t>(std::max(slot_, growth(true).floor)) > peak) {
-      streams_.poll_all();
-      stats_.lent_bytes += large_.release_one_chunk(slot_, stitch_planner::max_candidates);
+    if (small) {
+      const std::size_t need = round_up(size, slot_);
+      if (now + static_cast<std::int64_t>(std::max(need, growth(true).floor)) <= peak) return false;
+      if (l.borrow_max >= need && settling_.settled()) {
+        streams_.poll_all();
+        if (auto r = small_.borrow(need, l.borrow_max, stitch_planner::max_candidates, 0)) {
+          stats_.borrowed_bytes += r.value->size;
+          return true;
+        }
+      }
+      if (l.to_small) {
+        streams_.poll_all();
+        stats_.lent_bytes += large_.release_one_chunk(slot_, stitch_planner::max_candidates);
+      }
+      return false;
     }
-    if (!small && l.to_large && now + static_cast<std::int64_t>(size) > peak && small_.free_count() != 0) {
+    bool back = false;
+    if (small_.borrowed() != 0) {
+      streams_.poll_all();
+      small_.coalesce_all();
+      back = small_.give_back_borrowed() != 0;
+    }
+    if (l.to_large && now + static_cast<std::int64_t>(size) > peak && small_.free_count() != 0) {
       streams_.poll_all();
       small_.coalesce_all();
       stats_.lent_bytes += small_.release_free_chunks();
     }
+    return back;
   }
 
   /// Retries the undo of what failed to be undone before (stitched blocks first:
@@ -639,6 +662,7 @@ class basic_allocator {
     (void)streams_.wait_all();
     retry_quarantine();
     small_.coalesce_all();
+    (void)small_.give_back_borrowed();
     large_.coalesce_all();
     const std::size_t released = small_.release_free_chunks() + large_.release_free_chunks();
     if (released != 0) settling_.reset();
@@ -655,7 +679,9 @@ class basic_allocator {
     if (static_cast<std::int64_t>(reserved) != held_.reserved.current) return false;
     if (static_cast<std::int64_t>(used) != stats_.active_bytes.current) return false;
     if (static_cast<std::int64_t>(live) != stats_.allocations.current) return false;
-    if (static_cast<std::int64_t>(reserved + pool_.mapped_bytes()) != held_.mapped.current) return false;
+    if (small_.borrowed() + small_.owed() != large_.lent() || large_.borrowed() != 0) return false;
+    if (static_cast<std::int64_t>(reserved + small_.borrowed() + pool_.mapped_bytes()) != held_.mapped.current)
+      return false;
     const std::size_t quarantined = small_.tally().quarantined + large_.tally().quarantined;
     if (static_cast<std::int64_t>(quarantined) != held_.quarantined.current) return false;
     return true;

@@ -198,6 +198,10 @@ struct growth_plan {
 struct lending {
   bool to_large = true;   ///< the small arena releases its free whole chunks
   bool to_small = false;  ///< the large arena releases one unpinned free chunk
+  /// Instead of growing past the peak, the small arena borrows a free whole chunk of
+  /// the large arena of at most this many bytes (0: never): mapped there as well, no
+  /// new physical memory; given back once free again, before the large arena grows.
+  std::size_t borrow_max = 0;
 };
 
 /// S4, where new memory comes from: `create_shortfall()` true: when the free pieces

@@ -36,6 +36,8 @@
 //   lend_to_large         free small-arena chunks are released before the large arena
 //                         grows past its peak (true)
 //   lend_to_small         and the other way (false)
+//   borrow_max_mib        instead of growing past the peak, the small arena maps a free
+//                         whole chunk of the large arena of at most this size (0: never)
 // min_growth_mib, growth_divisor, big_growth_mib, big_chunk_mib and
 // settled_big_chunk_mib apply to policies that grow with a floor (the stitching
 // ones): the others keep growing the large arena by exactly what a request needs.
@@ -71,6 +73,7 @@ struct settings {
   std::optional<std::size_t> small_divisor, small_cap, small_max, edges, pieces;
   std::optional<std::size_t> cached_scan, repair_chunks, append_room;
   std::optional<bool> lend_to_large, lend_to_small;
+  std::optional<std::size_t> borrow_max;
 
   /// `o` with the options set here.
   [[nodiscard]] options applied(options o) const noexcept {
@@ -102,6 +105,7 @@ struct settings {
     if (small_cap) g.small_cap = *small_cap;
     if (lend_to_large) g.lends.to_large = *lend_to_large;
     if (lend_to_small) g.lends.to_small = *lend_to_small;
+    if (borrow_max) g.lends.borrow_max = *borrow_max;
     if constexpr (requires { p.edges; })
       if (edges) p.edges = *edges;
     if constexpr (requires { p.pieces; })
@@ -133,7 +137,7 @@ struct key {
 inline constexpr std::size_t kib = std::size_t{1} << 10, mib = std::size_t{1} << 20;
 /// 1 PiB in MiB; with a 32-bit size_t, what fits (parse_settings checks the product).
 inline constexpr std::size_t most_mib = sizeof(std::size_t) >= 8 ? std::size_t{1} << 30 : std::size_t{4095};
-inline constexpr std::array<key, 20> keys = {{
+inline constexpr std::array<key, 21> keys = {{
     {"chunk_mib", mib, 0, 1024, &settings::chunk, nullptr},
     {"max_chunk_mib", mib, 0, most_mib, &settings::max_chunk, nullptr},
     {"big_growth_mib", mib, 0, most_mib, &settings::big_growth, nullptr},
@@ -154,6 +158,7 @@ inline constexpr std::array<key, 20> keys = {{
     {"append_room", 1, 0, 16, &settings::append_room, nullptr},
     {"lend_to_large", 0, 0, 1, nullptr, &settings::lend_to_large},
     {"lend_to_small", 0, 0, 1, nullptr, &settings::lend_to_small},
+    {"borrow_max_mib", mib, 0, most_mib, &settings::borrow_max, nullptr},
 }};
 
 inline std::string_view trim(std::string_view s) noexcept {

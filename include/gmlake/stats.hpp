@@ -71,6 +71,7 @@ struct statistics {
   std::uint64_t num_ooms = 0;            ///< requests that failed
   std::uint64_t invalid_frees = 0;       ///< deallocate of a pointer not live here (ignored)
   std::uint64_t lent_bytes = 0;          ///< free chunk bytes released to let the other arena grow
+  std::uint64_t borrowed_bytes = 0;      ///< large-arena chunk bytes the small arena borrowed instead of growing
   std::uint64_t failed_cleanups = 0;     ///< unmap, release, address_free calls that failed (kept and retried)
   /// Times the host waited for a stream's work to finish (an event synchronize):
   /// only in release_cached(), before out-of-memory (S5), before a cached stitched

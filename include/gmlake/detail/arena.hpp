@@ -20,6 +20,12 @@
 // handed out while the backend may still map it. retry_quarantine() (on the next
 // growth, on release_cached()) and close() retry the undo.
 //
+// The large arena lends the small one whole free chunks (borrow()): the chunk stays
+// mapped in its own arena as a `lent` range and is mapped a second time in the
+// borrower, with no new physical memory; the borrower gives it back (unmaps it there)
+// once it is free again. A borrowed chunk is never released by the borrower and is
+// not in its reserved bytes.
+//
 // All member functions are noexcept. Those that can fail say so by value and
 // leave the arena as it was (apart from a quarantine). Pre for every mutation: the caller holds the
 // allocator's lock and has reserved the nodes it asks for.
@@ -54,9 +60,19 @@ class arena {
     std::uint32_t first = 0;        ///< index of the chunk's first slot
     std::uint32_t count = 0;        ///< slots in the chunk
     bool mapped = false;
+    bool borrowed = false;  ///< the lender's chunk, mapped here too (first slot: `home`)
     /// Quarantined: what is left to undo of the chunk (it is not mapped for use):
-    /// 1 unmap then release, 2 release. 0: nothing.
+    /// 1 unmap then release, 2 release, 3 unmap then give back (borrowed). 0: nothing.
     std::uint8_t pending = 0;
+    std::uintptr_t home = 0;  ///< borrowed: the chunk's address in the lender
+  };
+
+  /// A whole chunk lent to the other arena: its handle, its bytes, and its address
+  /// here, where it stays mapped (the key that gives it back: take_back()).
+  struct loan {
+    chunk_type chunk{};
+    std::uintptr_t home = 0;
+    std::size_t bytes = 0;
   };
 
   /// Where growth may add the missing bytes next to a free range.
@@ -73,6 +89,10 @@ class arena {
       : backend_(backend), nodes_(nodes), streams_(streams), held_(held), slot_(slot) {}
   arena(const arena&) = delete;
   arena& operator=(const arena&) = delete;
+
+  /// The arena borrow() takes chunks from (it must outlive this one's chunks: close
+  /// this one first).
+  void borrow_from(arena& lender) noexcept { lender_ = &lender; }
 
   /// Reserves `va_bytes` of address space, all one hole.
   [[nodiscard]] errc open(std::size_t va_bytes) noexcept {
@@ -101,7 +121,13 @@ class arena {
       if ((!c.mapped && c.pending == 0) || c.first != i) continue;
       const std::size_t n = c.count;
       const std::uintptr_t at = base_ + i * slot_;
-      if (c.mapped || c.pending == 1) (void)retry([&] { return backend_.unmap(at, n * slot_); });
+      if (c.mapped || c.pending == 1 || c.pending == 3) (void)retry([&] { return backend_.unmap(at, n * slot_); });
+      if (c.borrowed || c.pending == 3) {  // the lender releases it
+        if (c.pending == 3) held_.quarantined.sub(static_cast<std::int64_t>(n * slot_));
+        else held_.mapped.sub(static_cast<std::int64_t>(n * slot_));
+        for (std::size_t j = 0; j < n; ++j) slots_[i + j] = slot{};
+        continue;
+      }
       (void)retry([&] { return backend_.release(c.chunk); });
       if (c.mapped) {
         held_.chunks.sub(1);
@@ -115,6 +141,7 @@ class arena {
     holes_.clear();
     address_.clear_and_dispose([this](range* r) { nodes_.give(r); });
     quarantined_ranges_ = 0;
+    borrowed_ = owed_ = lent_ = 0;
     (void)retry([&] { return backend_.address_free(base_, size_); });
     size_ = 0;
   }
@@ -125,6 +152,11 @@ class arena {
   [[nodiscard]] std::size_t free_count() const noexcept { return free_.size(); }
   /// Physical bytes of the chunks this arena holds (tally().reserved, kept as it changes).
   [[nodiscard]] std::size_t reserved() const noexcept { return reserved_; }
+  /// Bytes of the chunks borrowed from the lender / lent to the other arena.
+  [[nodiscard]] std::size_t borrowed() const noexcept { return borrowed_; }
+  [[nodiscard]] std::size_t lent() const noexcept { return lent_; }
+  /// Bytes of borrowed chunks quarantined (unmapped here, not yet given back).
+  [[nodiscard]] std::size_t owed() const noexcept { return owed_; }
 
   /// The range that starts at p, or nullptr.
   [[nodiscard]] range* starting_at(std::uintptr_t p) noexcept {
@@ -350,7 +382,7 @@ class arena {
       const auto sp = split_of(r);
       for (std::uintptr_t a = r.addr + sp.head, hi = a + sp.whole; a < hi;) {
         const std::uintptr_t e = chunk_end(a);
-        if (e - a >= bytes && slot_of(a).stitch_refs == 0 && (best == nullptr || e - a < best_e - best_a)) {
+        if (e - a >= bytes && !kept(a) && (best == nullptr || e - a < best_e - best_a)) {
           best = &r;
           best_a = a;
           best_e = e;
@@ -372,6 +404,137 @@ class arena {
     return best_e - best_a;
   }
 
+  // ------------------------------------------------------------ lending between arenas
+
+  /// Lends the smallest whole free chunk of `need` to `most` bytes (not borrowed
+  /// itself) inside one of the `scan` smallest free ranges that hold `need` and whose
+  /// stream work is known done: it becomes a lent range, which stitched blocks
+  /// mapping it see as taken. Needs 2 nodes. False: none.
+  [[nodiscard]] bool lend(std::size_t need, std::size_t most, std::size_t scan, loan& out) noexcept {
+    range* best = nullptr;
+    std::uintptr_t best_a = 0, best_e = 0;
+    for (auto it = free_.lower_bound(size_key{need}, size_key_less{}); it != free_.end() && scan > 0; ++it, --scan) {
+      range& r = const_cast<range&>(*it);
+      if (!streams_.known_done(r.tag)) continue;
+      const auto sp = split_of(r);
+      for (std::uintptr_t a = r.addr + sp.head, hi = a + sp.whole; a < hi;) {
+        const std::uintptr_t e = chunk_end(a);
+        if (e - a >= need && e - a <= most && !slot_of(a).borrowed && (best == nullptr || e - a < best_e - best_a)) {
+          best = &r;
+          best_a = a;
+          best_e = e;
+        }
+        a = e;
+      }
+    }
+    if (best == nullptr || !nodes_.reserve(2)) return false;
+    range& l = carve(*best, best_a, best_e - best_a);
+    l.state = range_state::lent;
+    lent_ += l.size;
+    out = {chunk_of(best_a), best_a, best_e - best_a};
+    return true;
+  }
+
+  /// The lent chunk at `home` is back: free again here (its work in the other arena
+  /// known done), coalesced with its neighbours.
+  void take_back(std::uintptr_t home) noexcept {
+    range* r = starting_at(home);
+    GMLAKE_ASSERT(r != nullptr && r->state == range_state::lent, "take_back of a chunk not lent");
+    lent_ -= r->size;
+    (void)release(*r, stream_tag{});
+  }
+
+  /// Borrows a whole free chunk of `need` to `most` bytes from the lender (lend()
+  /// with `scan`) and maps it at the start of the smallest hole that holds it, as a
+  /// free range of `segment`: one map and one access call, no new physical memory.
+  /// Needs 3 nodes. On failure the loan goes back and nothing changed (but a
+  /// quarantine, if an undo fails too).
+  [[nodiscard]] result<range*> borrow(std::size_t need, std::size_t most, std::size_t scan,
+                                      std::uint32_t segment) noexcept {
+    if (lender_ == nullptr || !nodes_.reserve(3)) return errc::out_of_memory;
+    auto h = holes_.lower_bound(size_key{need}, size_key_less{});
+    if (h == holes_.end()) return errc::out_of_memory;
+    loan l;
+    if (!lender_->lend(need, std::min(most, h->size), scan, l)) return errc::out_of_memory;
+    range& hole = *h;
+    const std::uintptr_t at = hole.addr;
+    const std::size_t first = (at - base_) / slot_, n = l.bytes / slot_;
+    if (first + n > slots_.size()) {
+      try {
+        slots_.resize(std::max(first + n, slots_.size() + slots_.size() / 2));
+      } catch (...) {
+        lender_->take_back(l.home);
+        return errc::out_of_memory;
+      }
+    }
+    errc e = backend_.map(at, l.bytes, l.chunk);
+    if (e == errc::ok) {
+      e = backend_.set_access(at, l.bytes);
+      if (e != errc::ok) {
+        if (backend_.unmap(at, l.bytes) != errc::ok) {  // mapped here still: undo later, then give back
+          ++held_.failed_cleanups;
+          held_.quarantined.add(static_cast<std::int64_t>(l.bytes));
+          set_chunk(first, n, l.chunk);
+          for (std::size_t j = 0; j < n; ++j) slots_[first + j].pending = 3;
+          slots_[first].home = l.home;
+          owed_ += l.bytes;
+          quarantine(hole, at, at + l.bytes);
+          return e;
+        }
+      }
+    }
+    if (e != errc::ok) {
+      lender_->take_back(l.home);
+      return e;
+    }
+    set_chunk(first, n, l.chunk);
+    for (std::size_t j = 0; j < n; ++j) {
+      slots_[first + j].mapped = true;
+      slots_[first + j].borrowed = true;
+    }
+    slots_[first].home = l.home;
+    borrowed_ += l.bytes;
+    held_.mapped.add(static_cast<std::int64_t>(l.bytes));
+    return &occupy(hole, at, l.bytes, segment);
+  }
+
+  /// Gives back every borrowed chunk wholly inside a free range whose stream work is
+  /// known done: unmapped here, free again in the lender. One whose unmap fails stays
+  /// (a later call retries). Returns the bytes given back.
+  std::size_t give_back_borrowed() noexcept {
+    if (borrowed_ == 0) return 0;
+    std::size_t given = 0;
+    for (auto it = address_.begin(); it != address_.end();) {
+      range* cur = &*it;
+      ++it;
+      if (!cur->is_free() || !streams_.known_done(cur->tag)) continue;
+      for (bool more = true; more && cur->is_free();) {
+        more = false;
+        const auto sp = split_of(*cur);
+        for (std::uintptr_t a = cur->addr + sp.head, hi = a + sp.whole; a < hi; a = chunk_end(a)) {
+          if (!slot_of(a).borrowed) continue;
+          const std::uintptr_t e = chunk_end(a);
+          if (!nodes_.reserve(2)) return given;
+          if (backend_.unmap(a, e - a) != errc::ok) {
+            ++held_.failed_cleanups;
+            continue;
+          }
+          const std::uintptr_t home = slot_of(a).home;
+          for (std::uintptr_t c = a; c < e; c += slot_) slot_of(c) = slot{};
+          borrowed_ -= e - a;
+          held_.mapped.sub(static_cast<std::int64_t>(e - a));
+          given += e - a;
+          lender_->take_back(home);
+          cur = carve_hole(*cur, a, e);  // the free range after it, if any
+          it = std::next(address_.iterator_to(*cur));
+          more = true;
+          break;
+        }
+      }
+    }
+    return given;
+  }
+
   /// Retries the undo of every quarantined chunk; a quarantined range whose chunks
   /// are all undone becomes a hole again. No backend call when none is quarantined.
   void retry_quarantine() noexcept {
@@ -388,6 +551,17 @@ class arena {
           continue;
         }
         const std::size_t i = (a - base_) / slot_, n = c.count;
+        if (c.pending == 3) {  // borrowed: unmapped, it goes back to the lender
+          if (backend_.unmap(a, n * slot_) == errc::ok) {
+            held_.quarantined.sub(static_cast<std::int64_t>(n * slot_));
+            owed_ -= n * slot_;
+            const std::uintptr_t home = c.home;
+            for (std::size_t j = 0; j < n; ++j) slots_[i + j] = slot{};
+            lender_->take_back(home);
+          } else {
+            ++held_.failed_cleanups;
+          }
+        }
         if (c.pending == 1) {
           if (backend_.unmap(a, n * slot_) == errc::ok) {
             for (std::size_t j = 0; j < n; ++j) slots_[i + j].pending = 2;
@@ -438,12 +612,18 @@ class arena {
   struct tally_type {
     std::size_t reserved = 0, used = 0, free_whole = 0, free_partial = 0, free_pending = 0;
     std::size_t quarantined = 0;  ///< chunk bytes in quarantined ranges (not in reserved)
+    std::size_t borrowed = 0;     ///< bytes of borrowed chunks (not in reserved)
+    std::size_t lent = 0;         ///< bytes of chunks lent (in reserved, not in used)
   };
   [[nodiscard]] tally_type tally() const noexcept {
     tally_type t;
     for (const range& r : address_) {
       if (r.state == range_state::hole) continue;
       if (r.state == range_state::quarantined) continue;
+      if (r.state == range_state::lent) {
+        t.lent += r.size;
+        continue;
+      }
       if (!r.is_free()) {
         t.used += r.size;
         continue;
@@ -454,7 +634,7 @@ class arena {
       t.free_partial += sp.head + sp.tail;
     }
     for (const slot& s : slots_) {
-      if (s.mapped) t.reserved += slot_;
+      if (s.mapped) (s.borrowed ? t.borrowed : t.reserved) += slot_;
       if (s.pending != 0) t.quarantined += slot_;
     }
     return t;
@@ -471,8 +651,9 @@ class arena {
     for (std::size_t i = 0; i < slots_.size(); i += slots_[i].count ? slots_[i].count : 1) {
       if (!slots_[i].mapped || slots_[i].first != i) continue;
       const std::uintptr_t lo = base_ + i * slot_, hi = lo + slots_[i].count * slot_;
-      on_chunk(lo, hi - lo);
       while (it != address_.end() && it->end() <= lo) ++it;
+      if (it != address_.end() && it->state == range_state::lent) continue;  // the borrower shows it
+      on_chunk(lo, hi - lo);
       for (auto r = it; r != address_.end() && r->addr < hi; ++r) {
         const std::uintptr_t a = std::max(r->addr, lo);
         on_piece(*r, a, std::min(r->end(), hi) - a);
@@ -484,7 +665,7 @@ class arena {
   [[nodiscard]] bool check(std::size_t& reserved, std::size_t& used, std::size_t& live) const noexcept {
     if (size_ == 0) return true;
     std::uintptr_t at = base_;
-    std::size_t nfree = 0, nholes = 0, nquarantined = 0, pending_in_ranges = 0, pending = 0;
+    std::size_t nfree = 0, nholes = 0, nquarantined = 0, pending_in_ranges = 0, pending = 0, lent = 0;
     const range* prev = nullptr;
     for (const range& r : address_) {
       if (r.addr != at || r.size == 0) return false;
@@ -511,7 +692,10 @@ class arena {
           const std::size_t i = (c - base_) / slot_;
           if (i >= slots_.size() || !slots_[i].mapped) return false;
         }
-        if (r.is_free()) {
+        if (r.state == range_state::lent) {  // exactly one chunk of this arena's own
+          if (chunk_floor(r.addr) != r.addr || chunk_end(r.addr) != r.end() || slots_[(r.addr - base_) / slot_].borrowed) return false;
+          lent += r.size;
+        } else if (r.is_free()) {
           ++nfree;
           // Coalescing across streams is best effort (two ranges freed on different
           // streams stay apart until release_cached), so adjacency is not checked.
@@ -533,11 +717,15 @@ class arena {
       if (!r.is_free()) return false;
     for (const range& r : holes_)
       if (r.state != range_state::hole) return false;
-    std::size_t mine = 0;
-    for (const slot& s : slots_)
-      if (s.mapped) mine += slot_;
+    std::size_t mine = 0, borrowed = 0, owed = 0;
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      const slot& s = slots_[i];
+      if (s.mapped) (s.borrowed ? borrowed : mine) += slot_;
+      if (s.pending == 3) owed += slot_;
+      if (s.borrowed && (!s.mapped || slots_[s.first].home == 0 || lender_ == nullptr)) return false;
+    }
     reserved += mine;
-    return mine == reserved_;
+    return mine == reserved_ && borrowed == borrowed_ && owed == owed_ && lent == lent_;
   }
 
   /// Every slot's stitch_refs is refs[i] (0 past its end), and every slot of a
@@ -694,7 +882,29 @@ class arena {
     reserved_ += bytes;
     held_.mapped.add(static_cast<std::int64_t>(bytes));
 
-    // Split the hole: the new range takes its start or its end.
+    return &occupy(h, at, bytes, segment);  // the new range takes the hole's start or its end
+  }
+
+  /// Whether the chunk at a stays when free chunks are released: a stitched block
+  /// maps it, or it is borrowed (the lender's to release).
+  [[nodiscard]] bool kept(std::uintptr_t a) noexcept {
+    const slot& s = slot_of(a);
+    return s.stitch_refs != 0 || s.borrowed;
+  }
+
+  /// Slots [first, first + n) hold one chunk c.
+  void set_chunk(std::size_t first, std::size_t n, const chunk_type& c) noexcept {
+    slots_[first].chunk = c;
+    for (std::size_t j = 0; j < n; ++j) {
+      slots_[first + j].first = static_cast<std::uint32_t>(first);
+      slots_[first + j].count = static_cast<std::uint32_t>(n);
+      slots_[first + j].stitch_refs = 0;
+    }
+  }
+
+  /// Turns [at, at + bytes) of hole h, at its start or its end, into a free range of
+  /// `segment` (merged with free neighbours). Needs 1 node. Returns the free range.
+  range& occupy(range& h, std::uintptr_t at, std::size_t bytes, std::uint32_t segment) noexcept {
     holes_.erase(holes_.iterator_to(h));
     range* fresh = make(at, bytes, range_state::used, segment, stream_tag{});
     if (bytes == h.size) {
@@ -711,7 +921,7 @@ class arena {
       address_.insert_before(std::next(address_.iterator_to(h)), *fresh);
       holes_.insert(h);
     }
-    return &release(*fresh, stream_tag{});
+    return release(*fresh, stream_tag{});
   }
 
   /// Releases the runs of unpinned whole chunks inside free range r; `next` is
@@ -724,11 +934,11 @@ class arena {
       if (sp.whole == 0) break;
       std::uintptr_t a = cur->addr + sp.head;
       const std::uintptr_t hi = a + sp.whole;
-      // split_of gives whole chunks: skip pinned ones, release a run of unpinned ones.
-      while (a < hi && slot_of(a).stitch_refs != 0) a = chunk_end(a);
+      // split_of gives whole chunks: skip pinned and borrowed ones, release a run of the others.
+      while (a < hi && kept(a)) a = chunk_end(a);
       if (a >= hi) break;
       std::uintptr_t b = a;
-      while (b < hi && slot_of(b).stitch_refs == 0) b = chunk_end(b);
+      while (b < hi && !kept(b)) b = chunk_end(b);
       if (!nodes_.reserve(4)) break;
       if (backend_.unmap(a, b - a) != errc::ok) {
         ++held_.failed_cleanups;  // the chunks stay mapped and free: a later release retries
@@ -860,7 +1070,11 @@ class arena {
   std::uintptr_t base_ = 0;
   std::size_t size_ = 0;
   std::uint32_t segments_ = 0;
-  std::size_t reserved_ = 0;  ///< physical bytes of this arena's chunks
+  arena* lender_ = nullptr;   ///< where borrow() takes chunks from
+  std::size_t reserved_ = 0;  ///< physical bytes of this arena's chunks (borrowed ones not)
+  std::size_t borrowed_ = 0;  ///< bytes of the chunks borrowed from lender_, mapped here
+  std::size_t owed_ = 0;      ///< bytes of borrowed chunks quarantined, to give back
+  std::size_t lent_ = 0;      ///< bytes of this arena's chunks lent
   std::size_t quarantined_ranges_ = 0;
   address_index address_;
   free_index free_;

@@ -30,7 +30,9 @@ struct by_size_tag;
 /// quarantined: address space whose chunks the backend may still map or hold after
 /// an undo (unmap, release) failed; in no index but the address one, never handed
 /// out, turned back into a hole once the undo is retried with success.
-enum class range_state : unsigned char { hole, free, used, quarantined };
+/// lent: one whole chunk that the other arena maps and uses as well; in no index
+/// but the address one, free again once that arena gives it back.
+enum class range_state : unsigned char { hole, free, used, quarantined, lent };
 
 /// Stream tag of a free range: it was freed on stream `stream` (an index into the
 /// allocator's stream table) after that stream's `seq`-th free. seq 0: no pending work.
