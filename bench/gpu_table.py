@@ -99,6 +99,17 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 # the section shows) and, where both are rows of the same runs, the allocator label
 # of the before rows.
 COMPARISONS = [
+    ("Opt-in: borrowing a chunk between the arenas",
+     """gmlake's rows (before: the default) and `gmlake:borrow_max_mib:16`'s (after:
+borrowing on) of one run, on an NVIDIA H100 80GB HBM3 (driver 580.159; the build of
+commit cd5fd33): `GMLAKE_GPU_PARTS=replay GMLAKE_GPU_SETTINGS="borrow_max_mib:16" bash
+.ci/gpu OUT TRACES`, the 17 traces (`bench/results/h100-replay-borrow.jsonl`).
+Fragmentation and device allocations after i 4 of both equal the host replay's on
+every trace. It is the trade of docs/design.md ("Borrowing a chunk between the
+arenas"): synth-kvcache, a generation job, 3.34 -> 1.42%, llama3b-dynbatch 1.05 ->
+0.77%; llama1b-lora-ckpt 1.20 -> 3.59% and synth-mixed 0.79 -> 3.13%, whose small
+tensors placed in borrowed chunks live on. Hence off by default.
+""", "h100-replay-borrow.jsonl", "h100-replay-borrow.jsonl", "gmlake", "gmlake:borrow_max_mib:16"),
     ("Before and after: settled growth",
      """gmlake's rows (after: settled growth on, the default) and `gmlake:settle_window:0`'s
 (before: off) of two runs of the same command in one call, on an NVIDIA H100 80GB HBM3
@@ -171,10 +182,10 @@ builds, so its differences are the run-to-run variation of measured time
 ]
 
 
-def before_after(title, text, before, after, before_label="gmlake"):
+def before_after(title, text, before, after, before_label="gmlake", after_label="gmlake"):
     """before, after: the files of one or more runs of each build (their times are
     shown side by side; fragmentation and device allocations are the first run's);
-    before_label: the allocator of the before rows."""
+    before_label, after_label: the allocators of the before and after rows."""
     bs = [load(f) for f in before]
     as_ = [load(f) for f in after]
     out = ["| trace | frag before | frag after | device allocs after i4, before | after "
@@ -182,7 +193,7 @@ def before_after(title, text, before, after, before_label="gmlake"):
            "|---|---|---|---|---|---|---|---|---|"]
     for trace in sorted(as_[0]):
         xs = [b.get(trace, {}).get(before_label) for b in bs]
-        ys = [a.get(trace, {}).get("gmlake") for a in as_]
+        ys = [a.get(trace, {}).get(after_label) for a in as_]
         if not all(xs) or not all(ys):
             continue
         both = lambda rows, key: " / ".join(f"{r[key]:.0f}" for r in rows)
