@@ -367,6 +367,90 @@ TEST_CASE("repair never waits: a cached block whose free's work is pending is st
   gmlake_test::check_released(a);
 }
 
+namespace {
+/// four's A and C stitched into a cached block `x` once the job has settled (x asked
+/// for again and again, at 8 chunks reserved), then one chunk of it `taken`: no free
+/// chunk outside x is left to replace it.
+template <class A>
+struct taken_settled {
+  A& a;
+  four<A> f;
+  void* x = nullptr;
+  void* taken = nullptr;
+  explicit taken_settled(A& al) : a(al), f(al) {
+    for (int i = 0; i < 8; ++i) a.deallocate(a.allocate(4 * C));
+    x = a.allocate(4 * C);
+    a.deallocate(x);
+    taken = a.allocate(C);
+  }
+  void free_rest() {
+    a.deallocate(taken);
+    a.deallocate(f.p[1]);
+    a.deallocate(f.p[3]);
+  }
+};
+} // namespace
+
+TEST_CASE("settled: a cached block with no free chunk to replace its taken one is repaired with a new chunk") {
+  gmlake::gmlake_allocator<counted_memfd> a(counted_memfd(cap, C), opts(), one_slot());
+  taken_settled t(a);
+  fill(t.taken, C, 50);
+  const auto& n = a.backend().counts();
+  const auto creates = n.calls_of(call::create), unmaps = n.calls_of(call::unmap);
+  const auto access = n.calls_of(call::set_access);
+  const auto s0 = a.stats();
+  void* y = a.allocate(4 * C);
+  const auto s1 = a.stats();
+  CHECK(y == t.x);  // the same block: one new chunk mapped in place of the taken one
+  CHECK(s1.cached_stitch_repairs == s0.cached_stitch_repairs + 1);
+  CHECK(fit(s1, fit_state::s4_shortfall) == fit(s0, fit_state::s4_shortfall) + 1);
+  CHECK(n.calls_of(call::create) == creates + 1);
+  CHECK(n.calls_of(call::unmap) == unmaps + 1);         // the taken chunk out of the block
+  CHECK(n.calls_of(call::set_access) == access + 2);    // the new chunk in its arena, then in the block
+  CHECK(s1.reserved_bytes.current == s0.reserved_bytes.current + static_cast<std::int64_t>(C));
+  CHECK(a.check_invariants());
+  fill(y, 4 * C, 51);
+  CHECK(holds(y, 4 * C, 51));
+  CHECK(holds(t.taken, C, 50));
+  a.deallocate(y);
+  void* z = a.allocate(4 * C);  // and cached whole again
+  CHECK(z == t.x);
+  CHECK(a.stats().cached_stitch_hits == s1.cached_stitch_hits + 1);
+  a.deallocate(z);
+  CHECK(a.check_invariants());
+  t.free_rest();
+  gmlake_test::check_released(a);
+}
+
+TEST_CASE("not settled or repair off: that block is stitched anew instead") {
+  SUBCASE("not settled") {
+    gmlake::options o = opts();
+    o.settle_window = 0;
+    gmlake::gmlake_allocator<counted_memfd> a(counted_memfd(cap, C), o, one_slot());
+    taken_settled t(a);
+    const auto repairs = a.stats().cached_stitch_repairs;
+    void* y = a.allocate(4 * C);
+    CHECK(y != t.x);
+    CHECK(a.stats().cached_stitch_repairs == repairs);
+    CHECK(a.check_invariants());
+    a.deallocate(y);
+    t.free_rest();
+    gmlake_test::check_released(a);
+  }
+  SUBCASE("repair off") {
+    gmlake::options o = opts();
+    o.repair_chunks = 0;
+    gmlake::gmlake_allocator<counted_memfd> a(counted_memfd(cap, C), o, one_slot());
+    taken_settled t(a);
+    void* y = a.allocate(4 * C);
+    CHECK(y != t.x);
+    CHECK(a.stats().cached_stitch_repairs == 0);
+    a.deallocate(y);
+    t.free_rest();
+    gmlake_test::check_released(a);
+  }
+}
+
 TEST_CASE("repair off: a cached stitched block with a taken chunk is not used") {
   gmlake::options o = opts();
   o.repair_chunks = 0;

@@ -424,7 +424,16 @@ class basic_allocator {
           return take(a, *r.value, size, requested, alignment, fit_state::s4_shortfall);
       }
       if (can_stitch) {
-        if (void* p = stitch(plan, size, requested, s, alignment)) return p;  // stitch free pieces with new chunks
+        bool grew = false;
+        if (void* p = repair_with_new_chunks(size, requested, s, alignment, std::max(plan.fresh(), growth(false).floor), grew))
+          return p;
+        if (!grew) {
+          if (void* p = stitch(plan, size, requested, s, alignment)) return p;  // stitch free pieces with new chunks
+        } else {  // the new chunks changed the free ranges: plan again
+          stitch_planner again(slot_, stitch_.edge_min(), large_.ends(), chunk_start);
+          if (plan_stitch(again, size, s, true))
+            if (void* p = stitch(again, size, requested, s, alignment)) return p;
+        }
       }
     }
     // S4 without a shortfall path: the request as a new segment. New chunks start at
@@ -439,6 +448,31 @@ class basic_allocator {
     }
     if (stitching && stitch_.create_shortfall()) return stitch_scattered(size, requested, s, alignment);
     return nullptr;
+  }
+
+  /// S4 on the cache: once the job has settled, a cached block that repair() could
+  /// not mend for want of free chunks is mended with new chunks of the same bytes,
+  /// where they add up to no more than the stitch it saves would create (`budget`)
+  /// and to at most a quarter of the request: the repair maps only them, a new stitch
+  /// every piece. `grew`: chunks were created (they stay free if the repair fails).
+  void* repair_with_new_chunks(std::size_t size, std::size_t requested, std::uint32_t s, std::size_t alignment,
+                               std::size_t budget, bool& grew) noexcept {
+    grew = false;
+    if (!settling_.settled() || opt_.repair_chunks == 0) return nullptr;
+    const auto need = pool_.needed_for_repair(size, s, opt_.cached_scan, alignment, opt_.repair_chunks);
+    if (need.count == 0 || need.total > budget || need.total > size / 4) return nullptr;
+    for (std::size_t i = 0; i < need.count; ++i) {
+      std::uintptr_t fresh = 0;
+      if (!nodes_.reserve(4) || !large_.grow(need.bytes[i], 0, fresh, growth_plan{0, need.bytes[i], 0, 0})) return nullptr;
+      grew = true;
+    }
+    if (!nodes_.reserve(4)) return nullptr;
+    stitch_block* b = pool_.repair(size, requested, s, opt_.cached_scan, alignment, opt_.repair_chunks);
+    if (b == nullptr) return nullptr;
+    on_allocated(requested, size, fit_state::s4_shortfall);
+    ++stats_.cached_stitch_hits;
+    ++stats_.cached_stitch_repairs;
+    return reinterpret_cast<void*>(b->pointer);
   }
 
   /// S4 when no hole holds the shortfall (the address space is cut up, though the

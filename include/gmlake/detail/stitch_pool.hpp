@@ -370,6 +370,37 @@ class stitch_pool {
     return claim(b, size, requested, s) ? &b : nullptr;
   }
 
+  static constexpr std::size_t repair_max = 8;  // chunks replaced per repair at most
+
+  /// The chunks a repair would replace: their bytes, how many, and their sum.
+  struct repair_need {
+    std::array<std::size_t, repair_max> bytes{};
+    std::size_t count = 0, total = 0;
+  };
+
+  /// Of the blocks repair() looks at, the one whose first `size` bytes have the
+  /// fewest chunks to replace (at most `max_chunks`) and whose work before its free
+  /// is done: the bytes of those chunks, whether or not free chunks could replace
+  /// them (none: count 0). No change.
+  [[nodiscard]] repair_need needed_for_repair(std::size_t size, std::uint32_t s, std::size_t scan, std::size_t alignment,
+                                              std::size_t max_chunks) noexcept {
+    repair_need out;
+    if (hold_ || max_chunks == 0) return out;
+    max_chunks = std::min(max_chunks, repair_max);
+    repair_plan cur;
+    auto it = cache_.lower_bound(size, stitch_capacity_less{});
+    for (std::size_t n = 0; it != cache_.end() && n < scan; ++it, ++n) {
+      const stitch_block& b = *it;
+      if (b.pointer % alignment != 0) continue;
+      const std::size_t k = blocked_in(b, size, s, max_chunks, cur);
+      if (k == 0 || (out.count != 0 && k >= out.count) || !streams_.done_now(b.tag)) continue;
+      out.count = k;
+      out.total = 0;
+      for (std::size_t i = 0; i < k; ++i) out.total += (out.bytes[i] = cur.chunks[i].bytes);
+    }
+    return out;
+  }
+
   /// Gives b's arena ranges back (freed on the stream of `tag`) and caches b.
   void release(stitch_block& b, stream_tag tag) noexcept {
     for (std::size_t i = 0; i < b.claimed_count; ++i) large_.release(*b.claimed[i], tag);
@@ -464,7 +495,6 @@ class stitch_pool {
 
  private:
   static constexpr std::size_t max_room = 16;         // room to append, in mappings' bytes, at most
-  static constexpr std::size_t repair_max = 8;        // chunks replaced per repair at most
   static constexpr std::size_t repair_fresh_max = 4;  // free chunks that replace one at most
   static constexpr std::size_t repair_candidates = 64;
 
