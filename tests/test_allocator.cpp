@@ -94,6 +94,8 @@ struct four {
 /// four's A and C stitched into `x` and cached (`before_free(a)` runs just before
 /// x is freed), then one chunk of A or C `taken` and a `spare` of two chunks, after
 /// D, freed: x cannot be claimed whole, and free chunks of the same bytes lie elsewhere.
+/// `settled`: the job settles first (x asked for again and again, at 8 chunks
+/// reserved) and there is no spare: no free chunk outside x can replace the taken one.
 template <class A>
 struct taken_stitch {
   A& a;
@@ -102,13 +104,17 @@ struct taken_stitch {
   void* x = nullptr;
   void* taken = nullptr;
   template <class BeforeFree>
-  taken_stitch(A& al, BeforeFree before_free) : a(al), f(al) {
-    spare = a.allocate(2 * C);
+  taken_stitch(A& al, BeforeFree before_free, bool settled = false) : a(al), f(al) {
+    if (settled) {
+      for (int i = 0; i < 8; ++i) a.deallocate(a.allocate(4 * C));
+    } else {
+      spare = a.allocate(2 * C);
+    }
     x = a.allocate(4 * C);
     before_free(a);
     a.deallocate(x);
     taken = a.allocate(C);
-    a.deallocate(spare);
+    if (spare != nullptr) a.deallocate(spare);
   }
   explicit taken_stitch(A& al) : taken_stitch(al, [](A&) {}) {}
   /// Frees what is left of it.
@@ -368,26 +374,9 @@ TEST_CASE("repair never waits: a cached block whose free's work is pending is st
 }
 
 namespace {
-/// four's A and C stitched into a cached block `x` once the job has settled (x asked
-/// for again and again, at 8 chunks reserved), then one chunk of it `taken`: no free
-/// chunk outside x is left to replace it.
 template <class A>
-struct taken_settled {
-  A& a;
-  four<A> f;
-  void* x = nullptr;
-  void* taken = nullptr;
-  explicit taken_settled(A& al) : a(al), f(al) {
-    for (int i = 0; i < 8; ++i) a.deallocate(a.allocate(4 * C));
-    x = a.allocate(4 * C);
-    a.deallocate(x);
-    taken = a.allocate(C);
-  }
-  void free_rest() {
-    a.deallocate(taken);
-    a.deallocate(f.p[1]);
-    a.deallocate(f.p[3]);
-  }
+struct taken_settled : taken_stitch<A> {
+  explicit taken_settled(A& al) : taken_stitch<A>(al, [](A&) {}, true) {}
 };
 } // namespace
 
@@ -422,46 +411,36 @@ TEST_CASE("settled: a cached block with no free chunk to replace its taken one i
   gmlake_test::check_released(a);
 }
 
+namespace {
+/// With options `o`, the cached block of Fixture (taken_stitch, taken_settled) is not
+/// repaired: the request is stitched anew.
+template <template <class> class Fixture>
+void stitched_anew(gmlake::options o) {
+  gmlake::gmlake_allocator<counted_memfd> a(counted_memfd(cap, C), o, one_slot());
+  Fixture<decltype(a)> t(a);
+  const auto repairs = a.stats().cached_stitch_repairs;
+  void* y = a.allocate(4 * C);
+  CHECK(y != t.x);
+  CHECK(a.stats().cached_stitch_repairs == repairs);
+  CHECK(a.check_invariants());
+  a.deallocate(y);
+  t.free_rest();
+  gmlake_test::check_released(a);
+}
+} // namespace
+
 TEST_CASE("not settled or repair off: that block is stitched anew instead") {
-  SUBCASE("not settled") {
-    gmlake::options o = opts();
-    o.settle_window = 0;
-    gmlake::gmlake_allocator<counted_memfd> a(counted_memfd(cap, C), o, one_slot());
-    taken_settled t(a);
-    const auto repairs = a.stats().cached_stitch_repairs;
-    void* y = a.allocate(4 * C);
-    CHECK(y != t.x);
-    CHECK(a.stats().cached_stitch_repairs == repairs);
-    CHECK(a.check_invariants());
-    a.deallocate(y);
-    t.free_rest();
-    gmlake_test::check_released(a);
-  }
-  SUBCASE("repair off") {
-    gmlake::options o = opts();
-    o.repair_chunks = 0;
-    gmlake::gmlake_allocator<counted_memfd> a(counted_memfd(cap, C), o, one_slot());
-    taken_settled t(a);
-    void* y = a.allocate(4 * C);
-    CHECK(y != t.x);
-    CHECK(a.stats().cached_stitch_repairs == 0);
-    a.deallocate(y);
-    t.free_rest();
-    gmlake_test::check_released(a);
-  }
+  gmlake::options not_settled = opts(), repair_off = opts();
+  not_settled.settle_window = 0;
+  repair_off.repair_chunks = 0;
+  stitched_anew<taken_settled>(not_settled);
+  stitched_anew<taken_settled>(repair_off);
 }
 
 TEST_CASE("repair off: a cached stitched block with a taken chunk is not used") {
   gmlake::options o = opts();
   o.repair_chunks = 0;
-  gmlake::gmlake_allocator<counted_memfd> a(counted_memfd(cap, C), o, one_slot());
-  taken_stitch t(a);
-  void* y = a.allocate(4 * C);
-  CHECK(y != t.x);
-  CHECK(a.stats().cached_stitch_repairs == 0);
-  a.deallocate(y);
-  t.free_rest();
-  gmlake_test::check_released(a);
+  stitched_anew<taken_stitch>(o);
 }
 
 TEST_CASE("a cached stitched block costs no new reservation until released") {
