@@ -99,16 +99,19 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 # the section shows) and, where both are rows of the same runs, the allocator label
 # of the before rows.
 COMPARISONS = [
-    ("Opt-in: borrowing a chunk between the arenas",
-     """gmlake's rows (before: the default) and `gmlake:borrow_max_mib:16`'s (after:
-borrowing on) of one run, on an NVIDIA H100 80GB HBM3 (driver 580.159; the build of
+    ("Borrowing without its conditions",
+     """gmlake's rows (before: no borrowing, the default of that build) and
+`gmlake:borrow_max_mib:16`'s (after: borrowing once settled, at any live bytes and of
+any free chunk, the first version) of one run, on an NVIDIA H100 80GB HBM3 (driver 580.159; the build of
 commit cd5fd33): `GMLAKE_GPU_PARTS=replay GMLAKE_GPU_SETTINGS="borrow_max_mib:16" bash
 .ci/gpu OUT TRACES`, the 17 traces (`bench/results/h100-replay-borrow.jsonl`).
 Fragmentation and device allocations after i 4 of both equal the host replay's on
 every trace. It is the trade of docs/design.md ("Borrowing a chunk between the
 arenas"): synth-kvcache, a generation job, 3.34 -> 1.42%, llama3b-dynbatch 1.05 ->
 0.77%; llama1b-lora-ckpt 1.20 -> 3.59% and synth-mixed 0.79 -> 3.13%, whose small
-tensors placed in borrowed chunks live on. Hence off by default.
+tensors placed in borrowed chunks live on, and chunks under cached stitched blocks
+were borrowed. The default since borrows only chunks no stitched block maps, and only
+while the live bytes are below 4/5 of their peak: its figures are the host replay's (Summary above).
 """, "h100-replay-borrow.jsonl", "h100-replay-borrow.jsonl", "gmlake", "gmlake:borrow_max_mib:16"),
     ("Before and after: settled growth",
      """gmlake's rows (after: settled growth on, the default) and `gmlake:settle_window:0`'s

@@ -50,7 +50,7 @@ CONFIGS = ["gmlake", "bfc", "expandable", "gmlake-paper", "largest-first"] + lis
 # for more memory reserved, and settled growth off. Each is replayed with
 # `--config gmlake --settings TEXT`.
 SETTINGS = ["settle_window:0", "max_chunk_mib:64", "max_chunk_mib:128", "stitch_edges_mib:0",
-            "stitch_edges_mib:0,max_chunk_mib:128,big_chunk_mib:512", "borrow_max_mib:16"]
+            "stitch_edges_mib:0,max_chunk_mib:128,big_chunk_mib:512", "borrow_max_mib:0"]
 PEERS = [("torch-default", "PyTorch default"), ("torch-expandable", "PyTorch expandable_segments"),
          ("cudaMallocAsync", "cudaMallocAsync pool")]
 
@@ -157,9 +157,9 @@ def settings_section(replay, traces, default, best_peer):
              "combination of a grid of settings, per trace: `python3 bench/settings_sweep.py`",
              "([docs/design.md](design.md), \"The trade, left to the job\"). `settle_window:0` turns settled",
              "growth off: the large arena then grows in the chunks of the layout's formation for the whole job",
-             "([docs/design.md](design.md), \"Settled growth\"). `borrow_max_mib:16` lets the small arena",
-             "map free chunks of the large one instead of growing past the peak, for generation and serving",
-             "jobs ([docs/design.md](design.md), \"Borrowing a chunk between the arenas\").", "",
+             "([docs/design.md](design.md), \"Settled growth\"). `borrow_max_mib:0` turns borrowing off: the",
+             "small arena then grows past the peak where it could have mapped a free chunk of the large one",
+             "([docs/design.md](design.md), \"Borrowing a chunk between the arenas\").", "",
              "| settings | mean frag | traces above 1% | above the best H200 peer | mean driver us/iter | "
              "traces above 1 ms |", "|---|---|---|---|---|---|"]
     for label, rs in cols:

@@ -47,14 +47,15 @@ gmlake::options opts() {
   return o;
 }
 
-/// Stitch policy P, its growth creating one slot per chunk (in both arenas): these
-/// tests count calls per chunk.
+/// Stitch policy P, its growth creating one slot per chunk (in both arenas), no
+/// borrowing: these tests count calls per chunk.
 template <class P = policy::best_fit_pieces>
 P one_slot() {
   P p;
   p.grow.max_chunk = 0;
   p.grow.settled_max_chunk = 0;
   p.grow.small_divisor = 0;
+  p.grow.lends.borrow_max = 0;
   return p;
 }
 
@@ -1113,6 +1114,38 @@ TEST_CASE("borrowing: not before the job has settled, nor when off; release_cach
     }
     CHECK(real.parent().mapped_bytes() == 0);
     CHECK(real.parent().chunk_count() == 0);
+  }
+}
+
+TEST_CASE("borrowing: never a chunk a stitched block maps, nor while the live bytes are near their peak") {
+  using A = gmlake::gmlake_allocator<counting<simulated>>;
+  {  // every free large chunk is under the cached stitched block x
+    A a(counting<simulated>(cap, C), opts(), borrowing());
+    taken_stitch<A> t(a, [](A&) {}, true);
+    a.deallocate(t.taken);
+    t.taken = nullptr;
+    const auto peak = reserved(a);
+    void* small = a.allocate(kib);  // the small arena grows past the peak instead
+    CHECK(a.stats().borrowed_bytes == 0);
+    CHECK(reserved(a) == peak + static_cast<std::int64_t>(C));
+    void* y = a.allocate(4 * C);  // x is still whole: no new stitch
+    CHECK(y == t.x);
+    a.deallocate(y);
+    a.deallocate(small);
+    a.deallocate(t.f.p[1]);
+    a.deallocate(t.f.p[3]);
+    gmlake_test::check_released(a);
+  }
+  {  // settled at 5 chunks, 4 of them live: 4/5 of the peak
+    A a(counting<simulated>(cap, C), opts(), borrowing());
+    for (int i = 0; i < 4; ++i) a.deallocate(a.allocate(5 * C));
+    void* hold = a.allocate(4 * C);
+    void* small = a.allocate(kib);  // a free whole chunk is there, but not lent
+    CHECK(a.stats().borrowed_bytes == 0);
+    CHECK(reserved(a) == static_cast<std::int64_t>(6 * C));
+    a.deallocate(small);
+    a.deallocate(hold);
+    gmlake_test::check_released(a);
   }
 }
 

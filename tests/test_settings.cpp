@@ -77,7 +77,7 @@ TEST_CASE("settings: each key sets what it names, in its unit") {
   CHECK(!p.grow.lends.to_large);
   CHECK(p.grow.lends.to_small);
   CHECK(p.grow.lends.borrow_max == 16 * mib);
-  CHECK(policy::best_fit_pieces{}.grow.lends.borrow_max == 0);  // off unless set
+  CHECK(policy::best_fit_pieces{}.grow.lends.borrow_max == 16 * mib);  // the preset's
   // str() gives the keys back in a form parse_settings reads to the same settings.
   CHECK(parse_settings(s.str()) == s);
   CHECK(s.str().find("stitch_edges_mib:0") != std::string::npos);

@@ -600,7 +600,10 @@ class basic_allocator {
     if (small) {
       const std::size_t need = round_up(size, slot_);
       if (now + static_cast<std::int64_t>(std::max(need, growth(true).floor)) <= peak) return false;
-      if (l.borrow_max >= need && settling_.settled()) {
+      // Borrow once the job has settled, and only while its live bytes are below 4/5
+      // of their peak (between its largest phases: what the small arena takes now
+      // comes back before the large arena needs the chunk again).
+      if (l.borrow_max >= need && settling_.settled() && 5 * stats_.active_bytes.current < 4 * stats_.active_bytes.peak) {
         streams_.poll_all();
         if (auto r = small_.borrow(need, l.borrow_max, stitch_planner::max_candidates, 0)) {
           stats_.borrowed_bytes += r.value->size;

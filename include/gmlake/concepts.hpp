@@ -199,8 +199,10 @@ struct lending {
   bool to_large = true;   ///< the small arena releases its free whole chunks
   bool to_small = false;  ///< the large arena releases one unpinned free chunk
   /// Instead of growing past the peak, the small arena borrows a free whole chunk of
-  /// the large arena of at most this many bytes (0: never): mapped there as well, no
-  /// new physical memory; given back once free again, before the large arena grows.
+  /// the large arena of at most this many bytes (0: never), once the job has settled
+  /// and while its live bytes are below 4/5 of their peak, of the chunks no stitched
+  /// block maps: mapped there as well, no new physical memory; given back once free
+  /// again, before the large arena grows. (policy::stitch_growth: 16 MiB.)
   std::size_t borrow_max = 0;
 };
 

@@ -36,8 +36,9 @@
 //   lend_to_large         free small-arena chunks are released before the large arena
 //                         grows past its peak (true)
 //   lend_to_small         and the other way (false)
-//   borrow_max_mib        instead of growing past the peak, the small arena maps a free
-//                         whole chunk of the large arena of at most this size (0: never)
+//   borrow_max_mib        once settled, instead of growing past the peak, the small arena
+//                         maps a free whole chunk of the large arena of at most this
+//                         size (16 for the stitching policies; 0: never)
 // min_growth_mib, growth_divisor, big_growth_mib, big_chunk_mib and
 // settled_big_chunk_mib apply to policies that grow with a floor (the stitching
 // ones): the others keep growing the large arena by exactly what a request needs.

@@ -134,10 +134,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::size_t max_blocks = setup % 4;  // 0: every freed stitch is evicted
   policy::best_fit_pieces stitch;
   if (setup & 4) stitch.edges = 512;  // stitch edges on (bit 2 is clear in the regress-* inputs)
-  if ((setup >> 4) % 4 == 2) {  // borrowing, settled early (never so in the regress-* inputs)
+  if ((setup >> 4) % 4 == 2) {  // borrowing of up to 4 chunks, settled early (never so in the regress-* inputs)
     stitch.grow.lends.borrow_max = 4 * C;
     opt.settle_window = 1;
     opt.settle_divisor = 1;
+  } else if ((setup >> 4) % 4 == 3) {  // no borrowing
+    stitch.grow.lends.borrow_max = 0;
   }
   alloc_t a(backend_t(cap, C), opt, stitch, policy::lru{std::size_t{1} << 40, max_blocks});
   host_memfd& m = a.backend().parent();

@@ -407,9 +407,10 @@ class arena {
   // ------------------------------------------------------------ lending between arenas
 
   /// Lends the smallest whole free chunk of `need` to `most` bytes (not borrowed
-  /// itself) inside one of the `scan` smallest free ranges that hold `need` and whose
-  /// stream work is known done: it becomes a lent range, which stitched blocks
-  /// mapping it see as taken. Needs 2 nodes. False: none.
+  /// itself, and mapped by no stitched block: lending it would make a cached block
+  /// unusable) inside one of the `scan` smallest free ranges that hold `need` and
+  /// whose stream work is known done: it becomes a lent range. Needs 2 nodes.
+  /// False: none.
   [[nodiscard]] bool lend(std::size_t need, std::size_t most, std::size_t scan, loan& out) noexcept {
     range* best = nullptr;
     std::uintptr_t best_a = 0, best_e = 0;
@@ -419,7 +420,9 @@ class arena {
       const auto sp = split_of(r);
       for (std::uintptr_t a = r.addr + sp.head, hi = a + sp.whole; a < hi;) {
         const std::uintptr_t e = chunk_end(a);
-        if (e - a >= need && e - a <= most && !slot_of(a).borrowed && (best == nullptr || e - a < best_e - best_a)) {
+        const slot& c = slot_of(a);
+        if (e - a >= need && e - a <= most && !c.borrowed && c.stitch_refs == 0 &&
+            (best == nullptr || e - a < best_e - best_a)) {
           best = &r;
           best_a = a;
           best_e = e;

@@ -84,9 +84,10 @@ inline constexpr growth_rules exact_growth{};
 /// a growth of 768 MiB or more creates chunks of up to 256 MiB (once the job has
 /// settled: chunks of up to 64 MiB, and 1 GiB for such large growths); the small arena
 /// grows by at least 1/8 of its reserved bytes (rounded down to the slot), up to
-/// 8 MiB, in one chunk. Fewer, larger chunks for later stitches to map; the surplus
-/// is reused by the next stitch or split. The rules of the stitching configurations
-/// (docs/design.md, "Growth").
+/// 8 MiB, in one chunk; once settled, instead of growing past the peak, the small
+/// arena borrows a free chunk of up to 16 MiB of the large one (lending::borrow_max).
+/// Fewer, larger chunks for later stitches to map; the surplus is reused by the next
+/// stitch or split. The rules of the stitching configurations (docs/design.md, "Growth").
 inline constexpr growth_rules stitch_growth{.max_chunk = std::size_t{32} << 20,
                                             .floor = std::size_t{16} << 20,
                                             .floor_divisor = 512,
@@ -97,6 +98,6 @@ inline constexpr growth_rules stitch_growth{.max_chunk = std::size_t{32} << 20,
                                             .settled_big_chunk = std::size_t{1024} << 20,
                                             .small_divisor = 8,
                                             .small_cap = std::size_t{8} << 20,
-                                            .lends = lending{}};
+                                            .lends = lending{.borrow_max = std::size_t{16} << 20}};
 
 } // namespace gmlake::policy
