@@ -321,21 +321,9 @@ class stitch_pool {
   [[nodiscard]] stitch_block* repair(std::size_t size, std::size_t requested, std::uint32_t s, std::size_t scan,
                                      std::size_t alignment, std::size_t max_chunks) noexcept {
     if (hold_ || max_chunks == 0) return nullptr;  // no unmap while capturing
-    max_chunks = std::min(max_chunks, repair_max);
-    repair_plan best, cur;
-    stitch_block* chosen = nullptr;
-    auto it = cache_.lower_bound(size, stitch_capacity_less{});
-    for (std::size_t n = 0; it != cache_.end() && n < scan; ++it, ++n) {
-      stitch_block& b = *it;
-      if (b.pointer % alignment != 0) continue;
-      const std::size_t k = blocked_in(b, size, s, max_chunks, cur);
-      if (k == 0 || (chosen != nullptr && k >= best.count)) continue;
-      // Its old mappings change now, not in stream order: only once the work
-      // before its free is done. Never waits for it (a stitch anew does not).
-      if (!streams_.done_now(b.tag) || !find_replacements(b, s, cur)) continue;
-      chosen = &b;
-      best = cur;
-    }
+    repair_plan best;
+    stitch_block* chosen = fewest_blocked(size, s, scan, alignment, max_chunks, best,
+                                          [&](const stitch_block& c, repair_plan& p) { return find_replacements(c, s, p); });
     if (chosen == nullptr) return nullptr;
     stitch_block& b = *chosen;
     std::vector<stitch_piece> pieces;
@@ -385,19 +373,13 @@ class stitch_pool {
   [[nodiscard]] repair_need needed_for_repair(std::size_t size, std::uint32_t s, std::size_t scan, std::size_t alignment,
                                               std::size_t max_chunks) noexcept {
     repair_need out;
-    if (hold_ || max_chunks == 0) return out;
-    max_chunks = std::min(max_chunks, repair_max);
-    repair_plan cur;
-    auto it = cache_.lower_bound(size, stitch_capacity_less{});
-    for (std::size_t n = 0; it != cache_.end() && n < scan; ++it, ++n) {
-      const stitch_block& b = *it;
-      if (b.pointer % alignment != 0) continue;
-      const std::size_t k = blocked_in(b, size, s, max_chunks, cur);
-      if (k == 0 || (out.count != 0 && k >= out.count) || !streams_.done_now(b.tag)) continue;
-      out.count = k;
-      out.total = 0;
-      for (std::size_t i = 0; i < k; ++i) out.total += (out.bytes[i] = cur.chunks[i].bytes);
-    }
+    repair_plan best;
+    if (hold_ || max_chunks == 0 ||
+        fewest_blocked(size, s, scan, alignment, max_chunks, best, [](const stitch_block&, repair_plan&) { return true; }) ==
+            nullptr)
+      return out;
+    out.count = best.count;
+    for (std::size_t i = 0; i < best.count; ++i) out.total += (out.bytes[i] = best.chunks[i].bytes);
     return out;
   }
 
@@ -513,6 +495,31 @@ class stitch_pool {
     std::size_t count = 0;
   };
   enum class swap_result { done, undone, no_access, broken };
+
+  /// Of the `scan` smallest cached blocks of at least `size` bytes (pointer aligned
+  /// to `alignment`), the one whose first `size` bytes have the fewest chunks that
+  /// cannot be claimed on stream s (at most `max_chunks`), whose work before its free
+  /// is done, and that `accept(block, plan)` takes; its plan in `best`. Its old
+  /// mappings would change now, not in stream order: hence only once that work is
+  /// done, and never waiting for it (a stitch anew does not).
+  template <class Accept>
+  stitch_block* fewest_blocked(std::size_t size, std::uint32_t s, std::size_t scan, std::size_t alignment,
+                               std::size_t max_chunks, repair_plan& best, Accept accept) noexcept {
+    max_chunks = std::min(max_chunks, repair_max);
+    repair_plan cur;
+    stitch_block* chosen = nullptr;
+    auto it = cache_.lower_bound(size, stitch_capacity_less{});
+    for (std::size_t n = 0; it != cache_.end() && n < scan; ++it, ++n) {
+      stitch_block& b = *it;
+      if (b.pointer % alignment != 0) continue;
+      const std::size_t k = blocked_in(b, size, s, max_chunks, cur);
+      if (k == 0 || (chosen != nullptr && k >= best.count)) continue;
+      if (!streams_.done_now(b.tag) || !accept(b, cur)) continue;
+      chosen = &b;
+      best = cur;
+    }
+    return chosen;
+  }
 
   /// Collects the chunks under b's first `size` bytes that cannot be claimed on
   /// stream s, in stitched order. Returns how many: 0 also when there are none or
