@@ -219,6 +219,46 @@ def settings_h200_lines():
     return lines
 
 
+BEFORE = os.path.join(ROOT, "bench", "results", "host-replay-dde0201.jsonl")
+
+
+def since_section(now):
+    """Before and after on every trace: gmlake's rows of BEFORE (the build of commit
+    dde0201, replayed with the same traces and cost model) against this run's."""
+    if not os.path.exists(BEFORE):
+        return []
+    before = {}
+    with open(BEFORE) as f:
+        for line in f:
+            if line.strip().startswith("{"):
+                r = json.loads(line)
+                before[r["trace"]] = r
+    out = ["## Before and after: growth and placement since commit dde0201", "",
+           "gmlake's default allocator in the build of commit dde0201 (before settled growth, the",
+           "small arena's growth, repair, appending and borrowing) and now, the same traces and cost",
+           "model. Before: `bench/results/host-replay-dde0201.jsonl`, made by that commit's",
+           "`gmlake-replay --json --config gmlake --cost-model bench/h200-vmm-cost-model.txt TRACES`;",
+           "after: this run. Fragmentation does not depend on the machine (the GPU replay reserves",
+           "the same peaks, \"On the H200\" below); driver time is modelled.", "",
+           "| trace | frag before | frag after | driver us/iter after 4, before | after | handles created after 4, before | after |",
+           "|---|---|---|---|---|---|---|"]
+    fb, fa, db, da = [], [], [], []
+    for name, g in now.items():
+        b = before.get(name)
+        if b is None:
+            continue
+        fb.append(b["fragmentation"]), fa.append(g["fragmentation"])
+        db.append(b["driver_us_per_iter_after_4"]), da.append(g["driver_us_per_iter_after_4"])
+        out.append(f"| {name} | {100 * b['fragmentation']:.2f}% | {100 * g['fragmentation']:.2f}% | "
+                   f"{b['driver_us_per_iter_after_4']:.0f} | {g['driver_us_per_iter_after_4']:.0f} | "
+                   f"{b['creates_after_4']} | {g['creates_after_4']} |")
+    if fb:
+        n = len(fb)
+        out.append(f"| mean of {n} | {100 * sum(fb) / n:.2f}% | {100 * sum(fa) / n:.2f}% | "
+                   f"{sum(db) / n:.0f} | {sum(da) / n:.0f} | | |")
+    return out + [""]
+
+
 def between(path, begin, end, body):
     """Replaces the lines between the markers begin and end of the file at path (if it has them)."""
     if not os.path.exists(path):
@@ -379,10 +419,11 @@ def main():
     lines += ["", "Peers: `bench/peers/gpu-replay-peers.json` (PyTorch 2.11 and `cudaMallocAsync` replaying the",
               "same trace on the H200, [bench/peers/README.md](../bench/peers/README.md)); their fragmentation uses",
               "the same peak live. Their ns/op is the H200 host's, not comparable with ours.", ""]
+    since = since_section(default_rows)
     held_out = variants_section(a.replay, a.variants, expandable_vs_h200(simulated_expandable)) if a.variants > 0 else []
     chosen = settings_section(a.replay, traces, default_rows, best_peers)
     with open(os.path.join(a.out, "benchmarks.md"), "w") as f:
-        f.write("\n".join(lines + sum((o[1:] + [""] for o in options.values()), []) + chosen[1:] + [""] +
+        f.write("\n".join(lines + since + sum((o[1:] + [""] for o in options.values()), []) + chosen[1:] + [""] +
                            held_out[1:] + [""] + sections))
     if os.path.abspath(a.out) == os.path.join(ROOT, "docs"):
         # docs/pytorch.md: the settings' summary; the README's Figures section: the summary.
