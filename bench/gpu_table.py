@@ -100,6 +100,25 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 # the section shows) and, where both are rows of the same runs, the allocator label
 # of the before rows.
 COMPARISONS = [
+    ("Before and after: every change since commit dde0201",
+     """gmlake's rows of four runs of `gmlake-gpu-replay --allocator gmlake TRACE` per trace (the
+17 traces), alternated trace by trace: the build of commit dde0201 (before settled growth,
+the small arena's growth, repair, appending and borrowing), the current build (commit
+ebce8fd), the current build again, then dde0201 again; both replays built on the
+development machine, run in one call on an NVIDIA H100 80GB HBM3 (driver 580.159.04) on
+2026-12-06 (`bench/results/h100-ab-dde0201-before-1.jsonl`, `-before-2`, `-after-1`,
+`-after-2`). Each time column shows the two runs. Fragmentation and device allocations
+after i 4 equal the host replay's of each build on every trace ("Before and after: growth
+and placement since commit dde0201" above). Mean fragmentation over the 17 traces
+1.15 -> 0.59%; mean measured driver time 803 and 704 -> 506 and 512 us per iteration;
+traces above 1 ms 6 and 5 -> 3 and 3 (llama-small-lora-ckpt and llama1b-generate in
+both, gpt2l-fsdp-dyn in the first, 1243 us, moe-small-dynseq in the second, 1038 us).
+gmlake's own time per operation rose on the two generation traces, llama1b-generate
+89 and 80 -> 142 and 151 ns/op and synth-kvcache 63 and 94 -> 121 and 124, outside the
+driver calls (llama1b-generate's driver time fell); it stays below PyTorch default's
+there (497 and 415 ns/op in the run of "On the H100: the current build").
+""", ("h100-ab-dde0201-before-1.jsonl", "h100-ab-dde0201-before-2.jsonl"),
+     ("h100-ab-dde0201-after-1.jsonl", "h100-ab-dde0201-after-2.jsonl")),
     ("Before and after: borrowing with its conditions",
      """gmlake's rows (after: the default, borrowing once settled, only chunks no stitched
 block maps and only while the live bytes are below 4/5 of their peak; repair with new
