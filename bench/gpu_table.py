@@ -102,8 +102,8 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 COMPARISONS = [
     ("Before and after: every change since commit dde0201",
      """gmlake's rows of four runs of `gmlake-gpu-replay --allocator gmlake TRACE` per trace (the
-17 traces), alternated trace by trace: the build of commit dde0201 (before settled growth,
-the small arena's growth, repair, appending and borrowing), the current build (commit
+17 traces), alternated trace by trace: the build of commit dde0201 (before repair, stitch edges by
+default, appending, the small arena's growth, settled growth and borrowing), the current build (commit
 ebce8fd), the current build again, then dde0201 again; both replays built on the
 development machine, run in one call on an NVIDIA H100 80GB HBM3 (driver 580.159.04) on
 2026-12-06 (`bench/results/h100-ab-dde0201-before-1.jsonl`, `-before-2`, `-after-1`,

@@ -234,9 +234,9 @@ def since_section(now):
                 r = json.loads(line)
                 before[r["trace"]] = r
     out = ["## Before and after: growth and placement since commit dde0201", "",
-           "gmlake's default allocator in the build of commit dde0201 (before settled growth, the",
-           "small arena's growth, repair, appending and borrowing) and now, the same traces and cost",
-           "model. Before: `bench/results/host-replay-dde0201.jsonl`, made by that commit's",
+           "gmlake's default allocator in the build of commit dde0201 (before repairing cached stitched",
+           "blocks, stitch edges by default, appending, the small arena's growth, settled growth and",
+           "borrowing) and now, the same traces and cost model. Before: `bench/results/host-replay-dde0201.jsonl`, made by that commit's",
            "`gmlake-replay --json --config gmlake --cost-model bench/h200-vmm-cost-model.txt TRACES`;",
            "after: this run. Fragmentation does not depend on the machine (the GPU replay reserves",
            "the same peaks, \"On the H200\" below); driver time is modelled.", "",
