@@ -514,6 +514,55 @@ void two_stitches(A& a, std::vector<void*>& keep) {
 }
 } // namespace
 
+namespace {
+/// A fit strategy written against the type-erased free_view only (not generic over
+/// the view, as the library's are): best fit, counting the ranges it is shown.
+struct view_only_fit {
+  std::size_t* shown;
+  gmlake::free_range pick(gmlake::free_view& ranges) const noexcept {
+    gmlake::free_range r;
+    while (ranges.next(r)) {
+      ++*shown;
+      if (r.usable) return r;
+    }
+    return {};
+  }
+};
+static_assert(gmlake::FitStrategy<view_only_fit>);
+} // namespace
+
+TEST_CASE("a fit strategy that takes only a free_view is shown the ranges through it and places as best_fit does") {
+  std::size_t shown = 0;
+  gmlake::basic_allocator<simulated, policy::best_fit_pieces, policy::lru, view_only_fit> v(
+      simulated(cap, C), opts(), one_slot(), policy::lru{}, view_only_fit{&shown});
+  gmlake::gmlake_allocator<simulated> b(simulated(cap, C), opts(), one_slot());
+  // Free ranges of several sizes, then requests that fit some of them exactly or split others.
+  std::vector<void*> pv, pb;
+  for (std::size_t n : {C / 2, C, C / 4, 2 * C, C / 2, C}) {
+    pv.push_back(v.allocate(n));
+    pb.push_back(b.allocate(n));
+  }
+  for (std::size_t i : {0u, 2u, 4u}) {
+    v.deallocate(pv[i]);
+    b.deallocate(pb[i]);
+  }
+  for (std::size_t n : {C / 4, C / 2, C / 8}) {
+    void* x = v.allocate(n);
+    void* y = b.allocate(n);
+    CHECK(static_cast<char*>(x) - static_cast<char*>(pv[1]) == static_cast<char*>(y) - static_cast<char*>(pb[1]));
+    pv.push_back(x);
+    pb.push_back(y);
+  }
+  CHECK(shown > 0);
+  CHECK(v.stats().fit == b.stats().fit);
+  for (std::size_t i : {1u, 3u, 5u, 6u, 7u, 8u}) {
+    v.deallocate(pv[i]);
+    b.deallocate(pb[i]);
+  }
+  gmlake_test::check_released(v);
+  gmlake_test::check_released(b);
+}
+
 TEST_CASE("LRU eviction bounds the cached stitched blocks") {
   gmlake::basic_allocator<host_memfd, policy::best_fit_pieces, policy::lru> a(
       host_memfd(cap, C), opts(), one_slot(), policy::lru{std::size_t{1} << 40, 1});

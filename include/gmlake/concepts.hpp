@@ -138,7 +138,10 @@ class free_view {
 
 /// Picks one usable range from the view and returns it unchanged, or a default
 /// free_range (key nullptr) for none. Best fit first: the default model takes the
-/// first usable one, the smallest.
+/// first usable one, the smallest. A model whose pick is a template over the view
+/// (`template <class View> free_range pick(View&) const noexcept`, calling only
+/// `next`) is given the arena's own walk of its free ranges instead of a free_view,
+/// so that the walk inlines; the ranges and their order are the same.
 template <class F>
 concept FitStrategy = requires(const F& f, free_view& v) {
   { f.pick(v) } noexcept -> std::same_as<free_range>;

@@ -217,21 +217,27 @@ class arena {
   }
 
   /// The free range that `fit` picks for `size` bytes, shown the free ranges of at
-  /// least that size through a free_view with `usable` (the stream rules), or nullptr.
+  /// least that size with `usable` (the stream rules), or nullptr: through this
+  /// walk itself where fit's pick is generic over the view, else a free_view.
   template <FitStrategy Fit, class Usable>
   [[nodiscard]] range* pick(const Fit& fit, std::size_t size, const Usable& usable) noexcept {
     struct walk {
       free_index::const_iterator it, end;
       const Usable* usable;
+      [[nodiscard]] bool next(free_range& out) noexcept {
+        if (it == end) return false;
+        const range& r = *it++;
+        out = free_range{r.addr, r.size, (*usable)(r), &r};
+        return true;
+      }
     } w{free_.lower_bound(size_key{size}, size_key_less{}), free_.end(), &usable};
-    free_view view(&w, [](void* state, free_range& out) noexcept {
-      auto& at = *static_cast<walk*>(state);
-      if (at.it == at.end) return false;
-      const range& r = *at.it++;
-      out = free_range{r.addr, r.size, (*at.usable)(r), &r};
-      return true;
-    });
-    const free_range chosen = fit.pick(view);
+    free_range chosen;
+    if constexpr (requires { { fit.pick(w) } noexcept -> std::same_as<free_range>; }) {
+      chosen = fit.pick(w);  // a strategy generic over the view walks the index directly
+    } else {
+      free_view view(&w, [](void* state, free_range& out) noexcept { return static_cast<walk*>(state)->next(out); });
+      chosen = fit.pick(view);
+    }
     return const_cast<range*>(static_cast<const range*>(chosen.key));
   }
 

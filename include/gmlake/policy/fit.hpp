@@ -3,7 +3,8 @@
 // All models walk a free_view (the free ranges of at least the request's size,
 // smallest first, then lowest address) and return the chosen range unchanged, or
 // free_range{} for none. `usable` on a range carries the allocator's stream rules;
-// a model skips ranges that are not usable.
+// a model skips ranges that are not usable. Their pick is a template over the view,
+// so the arena can hand them its own walk, which inlines (concepts.hpp).
 #pragma once
 
 #include <cstddef>
@@ -18,7 +19,8 @@ namespace gmlake::policy {
 struct best_fit {
   std::size_t max_scan = 64;
 
-  free_range pick(free_view& ranges) const noexcept {
+  template <class View>
+  free_range pick(View& ranges) const noexcept {
     free_range r;
     for (std::size_t n = 0; n <= max_scan && ranges.next(r); ++n)
       if (r.usable) return r;
@@ -35,7 +37,8 @@ struct low_address_fit {
   std::size_t window = 8;
   std::size_t max_scan = 64;
 
-  free_range pick(free_view& ranges) const noexcept {
+  template <class View>
+  free_range pick(View& ranges) const noexcept {
     free_range best, r;
     std::size_t taken = 0;
     for (std::size_t n = 0; n <= max_scan && taken < window && ranges.next(r); ++n) {
