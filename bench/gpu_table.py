@@ -100,6 +100,25 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 # the section shows) and, where both are rows of the same runs, the allocator label
 # of the before rows.
 COMPARISONS = [
+    ("Before and after: the fit strategy's inlined walk",
+     """gmlake's rows of four runs of `gmlake-gpu-replay --allocator gmlake TRACE` per trace (the
+17 traces), alternated trace by trace: the build before (commit ebce8fd: every request's
+fit strategy walks the free ranges through the type-erased `free_view`), the build after
+(the library's strategies, generic over the view, walk the arena's free index inlined),
+after again, before again; both replays built on the development machine, run in one call
+on an NVIDIA H100 80GB HBM3 (driver 580.159.04) on 2026-12-06, after the GPU tests on the
+new headers (16/16, 28,330 assertions: `bench/results/h100-gpu-tests-fit.txt`;
+`bench/results/h100-ab-fit-before-1.jsonl`, `-before-2`, `-after-1`, `-after-2`). Every
+placement is the same: fragmentation and device allocations equal the host replay's in
+all four runs. Each time column shows the two runs. The host replay measures 7-10% less
+time per operation (docs/design.md, "The concepts"); here the two runs of one build differ
+by more than that on most traces (llama1b-generate after: 121 and 84 ns/op), and the ratio
+of the builds' best runs ranges from 0.66 to 1.47 (median 0.95). This instance measured
+86-87 ns/op for llama1b-generate with the build before, against 142 and 151 for the same
+build in the run of "Before and after: every change since commit dde0201": compare time
+only within one run.
+""", ("h100-ab-fit-before-1.jsonl", "h100-ab-fit-before-2.jsonl"),
+     ("h100-ab-fit-after-1.jsonl", "h100-ab-fit-after-2.jsonl")),
     ("Before and after: every change since commit dde0201",
      """gmlake's rows of four runs of `gmlake-gpu-replay --allocator gmlake TRACE` per trace (the
 17 traces), alternated trace by trace: the build of commit dde0201 (before repair, stitch edges by
@@ -116,7 +135,11 @@ both, gpt2l-fsdp-dyn in the first, 1243 us, moe-small-dynseq in the second, 1038
 gmlake's own time per operation rose on the two generation traces, llama1b-generate
 89 and 80 -> 142 and 151 ns/op and synth-kvcache 63 and 94 -> 121 and 124, outside the
 driver calls (llama1b-generate's driver time fell); it stays below PyTorch default's
-there (497 and 415 ns/op in the run of "On the H100: the current build").
+there (497 and 415 ns/op in the run of "On the H100: the current build"). Another
+instance measured the same after build at 86-87 ns/op on llama1b-generate and 65-69 on
+synth-kvcache ("Before and after: the fit strategy's inlined walk"), so part of that rise
+is the machine; on the host replay gmlake's own time on synth-kvcache rose from 35.7 to
+44 ns/op (best of five), which the inlined walk brings to 40.
 """, ("h100-ab-dde0201-before-1.jsonl", "h100-ab-dde0201-before-2.jsonl"),
      ("h100-ab-dde0201-after-1.jsonl", "h100-ab-dde0201-after-2.jsonl")),
     ("Before and after: borrowing with its conditions",
