@@ -380,24 +380,13 @@ class basic_allocator {
 
     const bool stitching = !small && stitch_.stitches(size);
     if (stitching) {
-      if (stitch_block* b = pool_.reuse(size, requested, s, opt_.cached_scan, alignment)) {  // S1 on the cache
-        on_allocated(requested, size, fit_state::s1_exact);
-        ++stats_.cached_stitch_hits;
-        return reinterpret_cast<void*>(b->pointer);
-      }
-      if (stitch_block* b = pool_.repair(size, requested, s, opt_.cached_scan, alignment, opt_.repair_chunks)) {
-        on_allocated(requested, size, fit_state::s1_exact);  // S1 on the cache, repaired
-        ++stats_.cached_stitch_hits;
-        ++stats_.cached_stitch_repairs;
-        return reinterpret_cast<void*>(b->pointer);
-      }
+      if (stitch_block* b = pool_.reuse(size, requested, s, opt_.cached_scan, alignment))  // S1 on the cache
+        return from_cache(*b, size, requested, fit_state::s1_exact, false);
+      if (stitch_block* b = pool_.repair(size, requested, s, opt_.cached_scan, alignment, opt_.repair_chunks))
+        return from_cache(*b, size, requested, fit_state::s1_exact, true);  // S1 on the cache, repaired
       if (stitch_block* b = appendable(size, s, alignment)) {  // S3 on the cache, appended
         if (b->capacity >= size) {  // its last chunk's rest was enough
-          if (pool_.claim(*b, size, requested, s)) {
-            on_allocated(requested, size, fit_state::s1_exact);
-            ++stats_.cached_stitch_hits;
-            return reinterpret_cast<void*>(b->pointer);
-          }
+          if (pool_.claim(*b, size, requested, s)) return from_cache(*b, size, requested, fit_state::s1_exact, false);
         } else {
           stitch_planner more(slot_, stitch_.edge_min(), large_.ends(), true);
           if (plan_stitch(more, size - b->capacity, s, false, b) && more.fresh() == 0)
@@ -468,11 +457,7 @@ class basic_allocator {
     }
     if (!nodes_.reserve(4)) return nullptr;
     stitch_block* b = pool_.repair(size, requested, s, opt_.cached_scan, alignment, opt_.repair_chunks);
-    if (b == nullptr) return nullptr;
-    on_allocated(requested, size, fit_state::s4_shortfall);
-    ++stats_.cached_stitch_hits;
-    ++stats_.cached_stitch_repairs;
-    return reinterpret_cast<void*>(b->pointer);
+    return b == nullptr ? nullptr : from_cache(*b, size, requested, fit_state::s4_shortfall, true);
   }
 
   /// S4 when no hole holds the shortfall (the address space is cut up, though the
@@ -508,6 +493,15 @@ class basic_allocator {
     u.requested = requested;
     on_allocated(requested, size, st);
     return reinterpret_cast<void*>(u.addr);
+  }
+
+  /// The request served by cached stitched block b, claimed already (`repaired`:
+  /// after some of its chunks were replaced).
+  void* from_cache(stitch_block& b, std::size_t size, std::size_t requested, fit_state st, bool repaired) noexcept {
+    on_allocated(requested, size, st);
+    ++stats_.cached_stitch_hits;
+    if (repaired) ++stats_.cached_stitch_repairs;
+    return reinterpret_cast<void*>(b.pointer);
   }
 
   void on_allocated(std::size_t requested, std::size_t size, fit_state st) noexcept {
