@@ -79,7 +79,8 @@ counted instead).
 Command (on the GPU machine): `bash .ci/gpu OUT bench/traces/*.trace.gz bench/traces/synthetic/*.trace.gz`
 (`GMLAKE_BIN=DIR` to use binaries built elsewhere), then
 `python3 bench/gpu_table.py OUT/replay.jsonl`; these figures: `bench/results/h200-replay.jsonl`
-(2026-12-04, the build of commit e5c4172; the current build's run, on an H100, follows).
+(2026-12-04, the build of commit e5c4172; the current build's runs, on the H200 and on
+an H100, follow).
 
 """
 
@@ -100,6 +101,23 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 # the section shows) and, where both are rows of the same runs, the allocator label
 # of the before rows.
 COMPARISONS = [
+    ("Before and after on the H200: growth and placement since dde0201",
+     """gmlake's rows of four runs of `gmlake-gpu-replay --allocator gmlake TRACE` per trace (the
+17 traces), alternated build by build in one call on one NVIDIA H200 (driver
+580.159.04) on 2026-12-07: before, the build of commit dde0201 (before repair with new
+chunks, stitch edges by default, appending, the small arena's growth, settled growth and
+borrowing); after, the current build (commit 3541ccb's allocator); in the order before,
+after, before, after (`bench/results/h200-ab-dde0201-before-1.jsonl`, `-before-2`,
+`-after-1`, `-after-2`). Peak reserved and device allocations after i 4 equal the host
+replay's of each build on every trace. Fragmentation falls on 13 traces and stays the
+same on 4. Measured driver time is lower in both runs after than in both before on 10
+traces (llama1b-generate 2330 and 1781 -> 1157 and 1135 us, gpt2l-fsdp-dyn 1896 and
+1733 -> 1063 and 811) and higher on 3: synth-kvcache 0 -> 57 and 77 us (the chunks its
+small arena borrows after warm-up, which bring it from 3.34 to 1.42%), opt1.3b-ckpt 0 ->
+3 and 14, synth-vision 9 and 10 -> 13 and 17; on the other 4 the runs of one build
+differ more than the builds do.
+""", ("h200-ab-dde0201-before-1.jsonl", "h200-ab-dde0201-before-2.jsonl"),
+     ("h200-ab-dde0201-after-1.jsonl", "h200-ab-dde0201-after-2.jsonl")),
     ("Before and after: the fit strategy's inlined walk",
      """gmlake's rows of four runs of `gmlake-gpu-replay --allocator gmlake TRACE` per trace (the
 17 traces), alternated trace by trace: the build before (commit ebce8fd: every request's
@@ -242,6 +260,23 @@ builds, so its differences are the run-to-run variation of measured time
 
 # Full tables of other runs (every allocator), shown after the main one: title, text, file.
 TABLES = [
+    ("On the H200: the current build",
+     """The same command on the current build (commit 3541ccb's allocator), on an NVIDIA H200
+(143771 MiB, driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130) on 2026-12-07. One call:
+`GMLAKE_BIN=... bash .ci/gpu OUT TRACES` (the 17 traces; GPU tests 16/16, 28,330
+assertions, plainly and under memcheck with 0 errors, example, plugin, torch 12/12:
+`bench/results/h200-gpu-job-3541ccb.txt`), then `GMLAKE_GPU_PARTS=replay` once more on
+the same machine. The table is the first run (`bench/results/h200-replay-3541ccb.jsonl`;
+the second: `-2`). Peak reserved, fragmentation and device allocations after i 4 of
+gmlake equal the host replay's on every trace in both runs. gmlake reserves no more than
+the best peer on 16 of the 17 traces; on synth-moe it reserves 7.60 GB against
+`cudaMallocAsync`'s 7.58. Measured driver time is above 1 ms on gpt2l-fsdp-dyn (1050
+and 1196 us in the two runs), llama-small-lora-ckpt (2204 and 2132) and
+llama1b-generate (1115 and 1331). gmlake's ns/op is above PyTorch default's on
+llama-small-lora-ckpt (753 against 428, 750 against 639) and synth-ckpt-dyn (436
+against 404, 365 against 339) in both runs, and on gpt2s-dynseq in the first (498
+against 484; 505 against 697 in the second).
+""", "h200-replay-3541ccb.jsonl"),
     ("On the H100: the current build",
      """The same command on the current build (commit ebce8fd: borrowing by default, repair
 with new chunks), on an NVIDIA H100 80GB HBM3 (driver 580.159.04, CUDA 13.0, torch
