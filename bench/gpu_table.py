@@ -104,9 +104,9 @@ COMPARISONS = [
     ("Before and after on the H200: growth and placement since dde0201",
      """gmlake's rows of four runs of `gmlake-gpu-replay --allocator gmlake TRACE` per trace (the
 17 traces), alternated build by build in one call on one NVIDIA H200 (driver
-580.159.04) on 2026-12-07: before, the build of commit dde0201 (before repair with new
-chunks, stitch edges by default, appending, the small arena's growth, settled growth and
-borrowing); after, the current build (commit 3541ccb's allocator); in the order before,
+580.159.04) on 2026-12-07: before, the build of commit dde0201 (before repair, stitch
+edges by default, appending, the small arena's growth, settled growth and borrowing);
+after, the current build (commit 3541ccb's allocator); in the order before,
 after, before, after (`bench/results/h200-ab-dde0201-before-1.jsonl`, `-before-2`,
 `-after-1`, `-after-2`). Peak reserved and device allocations after i 4 equal the host
 replay's of each build on every trace. Fragmentation falls on 13 traces and stays the
@@ -114,8 +114,9 @@ same on 4. Measured driver time is lower in both runs after than in both before 
 traces (llama1b-generate 2330 and 1781 -> 1157 and 1135 us, gpt2l-fsdp-dyn 1896 and
 1733 -> 1063 and 811) and higher on 3: synth-kvcache 0 -> 57 and 77 us (the chunks its
 small arena borrows after warm-up, which bring it from 3.34 to 1.42%), opt1.3b-ckpt 0 ->
-3 and 14, synth-vision 9 and 10 -> 13 and 17; on the other 4 the runs of one build
-differ more than the builds do.
+3 and 14, synth-vision 9 and 10 -> 13 and 17; on the other 4 the two builds' runs
+overlap (synth-ckpt-dyn, synth-mixed, synth-moe) or make no driver call after i 4
+(synth-offload).
 """, ("h200-ab-dde0201-before-1.jsonl", "h200-ab-dde0201-before-2.jsonl"),
      ("h200-ab-dde0201-after-1.jsonl", "h200-ab-dde0201-after-2.jsonl")),
     ("Before and after: the fit strategy's inlined walk",
