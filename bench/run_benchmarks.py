@@ -239,7 +239,8 @@ def since_section(now):
            "borrowing) and now, the same traces and cost model. Before: `bench/results/host-replay-dde0201.jsonl`, made by that commit's",
            "`gmlake-replay --json --config gmlake --cost-model bench/h200-vmm-cost-model.txt TRACES`;",
            "after: this run. Fragmentation does not depend on the machine (the GPU replay reserves",
-           "the same peaks, \"On the H200\" below); driver time is modelled.", "",
+           "the same peaks, \"On the H200\" below); driver time is modelled. The same two builds",
+           "measured on the H200: \"Before and after on the H200\" below.", "",
            "| trace | frag before | frag after | driver us/iter after 4, before | after | handles created after 4, before | after |",
            "|---|---|---|---|---|---|---|"]
     fb, fa, db, da = [], [], [], []
