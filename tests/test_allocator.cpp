@@ -940,6 +940,50 @@ TEST_CASE("growth floor: the surplus of a small growth serves the next request; 
   gmlake_test::check_released(b);
 }
 
+TEST_CASE("one chunk for a request: a growth that one request fills is one handle once settled, or when big") {
+  policy::best_fit_pieces pol;
+  pol.grow.max_chunk = 4 * C;
+  pol.grow.settled_max_chunk = 8 * C;
+  pol.grow.floor = 0;
+  pol.grow.floor_divisor = 0;
+  pol.grow.big_growth = 64 * C;
+  pol.grow.big_chunk = 16 * C;
+  using A = gmlake::gmlake_allocator<counted_memfd>;
+  const auto creates = [](A& a) { return a.backend().counts().calls_of(call::create); };
+  for (const bool on : {true, false}) {
+    CAPTURE(on);
+    pol.grow.request_chunk = on;
+    A a(counted_memfd(host_memfd(cap, C)), opts(), pol);
+    // While the layout forms, a growth below big_growth keeps max_chunk: 24 C is six chunks.
+    void* first = a.allocate(24 * C);
+    CHECK(creates(a) == 6);
+    // A big growth (64 C or more) that one request fills: one chunk, else chunks of 16 C.
+    void* big = a.allocate(100 * C);
+    CHECK(creates(a) == 6 + (on ? 1 : 7));
+    fill(big, 100 * C, 3);
+    CHECK(holds(big, 100 * C, 3));
+    a.deallocate(big);
+    a.deallocate(first);
+    // Settle on a loop of 24 C, then grow for a new shape of 40 C more beside it.
+    for (int i = 0; i < 24; ++i) a.deallocate(a.allocate(24 * C));
+    void* keep = a.allocate(124 * C);  // the two free ranges, coalesced
+    const auto before = creates(a);
+    void* more = a.allocate(40 * C);  // nothing free: the whole request is new
+    CHECK(creates(a) - before == (on ? 1 : 5));  // one chunk, not five of settled_max_chunk
+    fill(more, 40 * C, 4);
+    CHECK(holds(more, 40 * C, 4));
+    CHECK(a.check_invariants());
+    a.deallocate(more);
+    a.deallocate(keep);
+    // Its chunk is free whole: a stitch or a split reuses it, nothing new is created.
+    const auto now = creates(a);
+    void* again = a.allocate(164 * C);
+    CHECK(creates(a) == now);
+    a.deallocate(again);
+    gmlake_test::check_released(a);
+  }
+}
+
 TEST_CASE("settled growth: once the footprint stops growing, growth creates larger chunks; release_cached starts over") {
   policy::best_fit_pieces pol;
   pol.grow.max_chunk = 4 * C;

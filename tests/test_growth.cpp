@@ -140,6 +140,39 @@ TEST_CASE("growth rules: once settled, the stitch preset grows in 64 MiB chunks 
   CHECK(r.plan(v).max_chunk == 8 * mib);
 }
 
+TEST_CASE("growth rules: a growth that one request fills is one chunk once settled, or when big") {
+  const auto& r = policy::stitch_growth;
+  CHECK(r.request_chunk);
+  growth_view v{S, 40 * 1024 * mib, 80 * 1024 * mib};
+  // While the layout forms: a request below big_growth keeps the 32 MiB chunks ...
+  v.request = 300 * mib;
+  CHECK(r.plan(v).max_chunk == 32 * mib);
+  // ... and one of big_growth or more is one chunk (rounded up to the slot).
+  v.request = 800 * mib + 1;
+  CHECK(r.plan(v).max_chunk == 802 * mib);
+  // Settled: one chunk at any size; below the settled chunk size nothing changes.
+  v.settled = true;
+  v.request = 300 * mib;
+  CHECK(r.plan(v).max_chunk == 300 * mib);
+  v.request = 10 * mib;
+  CHECK(r.plan(v).max_chunk == 64 * mib);
+  CHECK(r.plan(v).floor == 64 * mib);  // the floor is unchanged
+  // No request (a stitch's new chunks, shared bytes): the usual chunks.
+  v.request = 0;
+  CHECK(r.plan(v).max_chunk == 64 * mib);
+  // Off, and in the exact preset (the non-stitching configurations): unchanged.
+  policy::growth_rules off = r;
+  off.request_chunk = false;
+  v.request = 300 * mib;
+  CHECK(off.plan(v).max_chunk == 64 * mib);
+  CHECK(!policy::exact_growth.request_chunk);
+  CHECK(policy::exact_growth.plan(v).max_chunk == 32 * mib);
+  // The small arena never: its chunks are packed by many requests.
+  v.small = true;
+  v.arena_reserved = 64 * mib;
+  CHECK(r.plan(v).max_chunk == 8 * mib);
+}
+
 TEST_CASE("settling: judged each window of requested bytes, from the growth of the reserved bytes") {
   detail::settling s(2, 50);  // a window of 2 x reserved; at most 2% growth
   CHECK(!s.settled());

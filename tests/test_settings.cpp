@@ -53,7 +53,8 @@ TEST_CASE("settings: each key sets what it names, in its unit") {
       "chunk_mib:4, max_chunk_mib:128,big_growth_mib:1024,big_chunk_mib:512,min_growth_mib:8,growth_divisor:1024,"
       "small_growth_divisor:4,small_growth_cap_mib:16,small_max_kib:256,stitch_edges_mib:0,stitch_pieces:32,"
       "cached_scan:16,repair_chunks:8,append_room:2,lend_to_large:false,lend_to_small:true,"
-      "settled_max_chunk_mib:96,settled_big_chunk_mib:2048,settle_window:3,settle_divisor:20,borrow_max_mib:16");
+      "settled_max_chunk_mib:96,settled_big_chunk_mib:2048,settle_window:3,settle_divisor:20,borrow_max_mib:16,"
+      "request_chunk:false");
   const gmlake::options o = s.applied(gmlake::options{});
   CHECK(o.chunk_size == 4 * mib);
   CHECK(o.small_max == 256 * 1024);
@@ -78,6 +79,8 @@ TEST_CASE("settings: each key sets what it names, in its unit") {
   CHECK(p.grow.lends.to_small);
   CHECK(p.grow.lends.borrow_max == 16 * mib);
   CHECK(policy::best_fit_pieces{}.grow.lends.borrow_max == 16 * mib);  // the preset's
+  CHECK(!p.grow.request_chunk);
+  CHECK(policy::best_fit_pieces{}.grow.request_chunk);  // the preset's
   // str() gives the keys back in a form parse_settings reads to the same settings.
   CHECK(parse_settings(s.str()) == s);
   CHECK(s.str().find("stitch_edges_mib:0") != std::string::npos);

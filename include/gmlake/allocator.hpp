@@ -409,7 +409,7 @@ class basic_allocator {
         // The new chunks may have merged with the free range on the hole's other side
         // first, and then not with the neighbour (another stream's pending work): use
         // the result only if it holds the request and is usable; else it stays free.
-        if (auto r = a.extend(e, growth(small)); r && fits(*r.value))
+        if (auto r = a.extend(e, growth(small, e.bytes)); r && fits(*r.value))
           return take(a, *r.value, size, requested, alignment, fit_state::s4_shortfall);
       }
       if (can_stitch) {
@@ -429,7 +429,7 @@ class basic_allocator {
     // a slot boundary, so any alignment up to the slot needs no extra bytes.
     const std::uint32_t segment = stitch_.create_shortfall() ? 0 : a.new_segment();
     std::uintptr_t fresh = 0;
-    if (auto r = a.grow(round_up(size, slot_), segment, fresh, growth(small))) {
+    if (auto r = a.grow(round_up(size, slot_), segment, fresh, growth(small, round_up(size, slot_)))) {
       // The new chunks may have merged with a free neighbour still in use by another
       // stream: then place the request in the new bytes only.
       if (!usable(*r.value)) return take_at(a, *r.value, fresh, size, requested, fit_state::s4_shortfall);
@@ -573,10 +573,11 @@ class basic_allocator {
 
   // ------------------------------------------------------------ growth
 
-  /// How an arena grows now, as the stitch policy says.
-  [[nodiscard]] growth_plan growth(bool small) const noexcept {
+  /// How an arena grows now, as the stitch policy says; `request`: the bytes of the
+  /// one request that fills the new bytes of the large arena (0: none does).
+  [[nodiscard]] growth_plan growth(bool small, std::size_t request = 0) const noexcept {
     return stitch_.growth({slot_, static_cast<std::size_t>(held_.reserved.current), backend_.capacity(), small,
-                           (small ? small_ : large_).reserved(), settling_.settled()});
+                           (small ? small_ : large_).reserved(), settling_.settled(), small ? 0 : request});
   }
 
   /// Before an arena grows past the peak reserved so far, the other one releases

@@ -186,6 +186,10 @@ struct growth_view {
   bool small = false;              ///< the small arena grows (else the large one)
   std::size_t arena_reserved = 0;  ///< physical bytes the growing arena holds now
   bool settled = false;            ///< the job has settled: its footprint stopped growing (options::settle_window)
+  /// The large arena grows for one request, which will fill the new bytes: their
+  /// bytes (0: the new bytes are shared, as a stitch's new chunks or a floor's surplus
+  /// past them are, or the small arena grows).
+  std::size_t request = 0;
 };
 
 /// How one growth of an arena creates chunks.

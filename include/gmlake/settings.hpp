@@ -19,6 +19,8 @@
 //   big_chunk_mib         ... creates chunks of up to this size (256)
 //   settled_max_chunk_mib once the job has settled, max_chunk_mib is at least this (64)
 //   settled_big_chunk_mib ... and big_chunk_mib at least this (1024)
+//   request_chunk         a growth that one request fills is one chunk once the job
+//                         has settled, or when it is a big growth (true)
 //   settle_window         the job is judged settled each time it has asked for this
 //                         many times its reserved bytes (2; 0: never settled) ...
 //   settle_divisor        ... if they grew by at most 1/this since the last time (50)
@@ -42,8 +44,8 @@
 // min_growth_mib, growth_divisor, big_growth_mib, big_chunk_mib and
 // settled_big_chunk_mib apply to policies that grow with a floor (the stitching
 // ones): the others keep growing the large arena by exactly what a request needs.
-// max_chunk_mib, settled_max_chunk_mib, the small arena's growth and lending apply
-// to every policy; stitch_edges_mib and stitch_pieces where the policy
+// max_chunk_mib, settled_max_chunk_mib, request_chunk, the small arena's growth and
+// lending apply to every policy (request_chunk is off in the others' rules); stitch_edges_mib and stitch_pieces where the policy
 // has them.
 //
 // Errors: parse_settings throws std::invalid_argument naming the item (an unknown
@@ -73,7 +75,7 @@ struct settings {
   std::optional<std::size_t> settled_max_chunk, settled_big_chunk, settle_window, settle_divisor;
   std::optional<std::size_t> small_divisor, small_cap, small_max, edges, pieces;
   std::optional<std::size_t> cached_scan, repair_chunks, append_room;
-  std::optional<bool> lend_to_large, lend_to_small;
+  std::optional<bool> lend_to_large, lend_to_small, request_chunk;
   std::optional<std::size_t> borrow_max;
 
   /// `o` with the options set here.
@@ -106,6 +108,7 @@ struct settings {
     if (small_cap) g.small_cap = *small_cap;
     if (lend_to_large) g.lends.to_large = *lend_to_large;
     if (lend_to_small) g.lends.to_small = *lend_to_small;
+    if (request_chunk) g.request_chunk = *request_chunk;
     if (borrow_max) g.lends.borrow_max = *borrow_max;
     if constexpr (requires { p.edges; })
       if (edges) p.edges = *edges;
@@ -138,7 +141,7 @@ struct key {
 inline constexpr std::size_t kib = std::size_t{1} << 10, mib = std::size_t{1} << 20;
 /// 1 PiB in MiB; with a 32-bit size_t, what fits (parse_settings checks the product).
 inline constexpr std::size_t most_mib = sizeof(std::size_t) >= 8 ? std::size_t{1} << 30 : std::size_t{4095};
-inline constexpr std::array<key, 21> keys = {{
+inline constexpr std::array<key, 22> keys = {{
     {"chunk_mib", mib, 0, 1024, &settings::chunk, nullptr},
     {"max_chunk_mib", mib, 0, most_mib, &settings::max_chunk, nullptr},
     {"big_growth_mib", mib, 0, most_mib, &settings::big_growth, nullptr},
@@ -159,6 +162,7 @@ inline constexpr std::array<key, 21> keys = {{
     {"append_room", 1, 0, 16, &settings::append_room, nullptr},
     {"lend_to_large", 0, 0, 1, nullptr, &settings::lend_to_large},
     {"lend_to_small", 0, 0, 1, nullptr, &settings::lend_to_small},
+    {"request_chunk", 0, 0, 1, nullptr, &settings::request_chunk},
     {"borrow_max_mib", mib, 0, most_mib, &settings::borrow_max, nullptr},
 }};
 

@@ -36,6 +36,14 @@ struct growth_rules {
   /// new shapes, which repeat, and larger chunks cost fewer driver calls.
   std::size_t settled_max_chunk = 0;
   std::size_t settled_big_chunk = 0;
+  /// A growth that one request fills (growth_view::request) creates those bytes as
+  /// one chunk, however large, once the job has settled or when the growth is big
+  /// (big_growth). The request frees the chunk whole, and a stitch maps a whole free
+  /// chunk as well as it maps several, so no byte becomes harder to reach; what
+  /// changes is the driver time: one create, one map and one access call instead of
+  /// one per max_chunk. While the layout forms, a growth below big_growth keeps the
+  /// smaller chunks: later requests split the chunks of a block freed then.
+  bool request_chunk = false;
   /// The small arena grows by at least its reserved bytes / small_divisor, rounded
   /// down to the slot and capped at small_cap (0: no cap), in chunks of that size
   /// (small_divisor 0: one slot per chunk, no floor). Small requests make many
@@ -69,6 +77,8 @@ struct growth_rules {
       g.big_growth = big_growth;
       g.big_chunk = round_up(v.settled ? std::max(big_chunk, settled_big_chunk) : big_chunk, v.slot);
     }
+    if (request_chunk && v.request != 0 && (v.settled || (big_growth != 0 && v.request >= big_growth)))
+      g.max_chunk = std::max(g.max_chunk, round_up(v.request, v.slot));
     return g;
   }
 };
@@ -82,7 +92,9 @@ inline constexpr growth_rules exact_growth{};
 /// As exact_growth, and a growth of the large arena creates at least 16 MiB and at
 /// least 1/512 of the reserved bytes (capped at one chunk and at capacity / 1024);
 /// a growth of 768 MiB or more creates chunks of up to 256 MiB (once the job has
-/// settled: chunks of up to 64 MiB, and 1 GiB for such large growths); the small arena
+/// settled: chunks of up to 64 MiB, and 1 GiB for such large growths); a growth that
+/// one request fills is one chunk once the job has settled, or when it is 768 MiB or
+/// more (request_chunk); the small arena
 /// grows by at least 1/8 of its reserved bytes (rounded down to the slot), up to
 /// 8 MiB, in one chunk; once settled, instead of growing past the peak, the small
 /// arena borrows a free chunk of up to 16 MiB of the large one (lending::borrow_max).
@@ -96,6 +108,7 @@ inline constexpr growth_rules stitch_growth{.max_chunk = std::size_t{32} << 20,
                                             .big_chunk = std::size_t{256} << 20,
                                             .settled_max_chunk = std::size_t{64} << 20,
                                             .settled_big_chunk = std::size_t{1024} << 20,
+                                            .request_chunk = true,
                                             .small_divisor = 8,
                                             .small_cap = std::size_t{8} << 20,
                                             .lends = lending{.borrow_max = std::size_t{16} << 20}};
