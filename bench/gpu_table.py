@@ -101,6 +101,21 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 # the section shows) and, where both are rows of the same runs, the allocator label
 # of the before rows.
 COMPARISONS = [
+    ("Before and after on the H100: one chunk per request",
+     """gmlake's rows of four runs of `gmlake-gpu-replay --allocator gmlake TRACE` per trace (the
+17 traces), alternated build by build in one call on one NVIDIA H100 80GB HBM3 (driver
+580.159.04) on 2026-12-07, right after the run of "On the H100: the current build": before,
+the build of commit 3541ccb; after, the build with one chunk per request (commit ec599a9);
+in the order before, after, before, after (`bench/results/h100-ab-3541ccb-before-1.jsonl`,
+`-before-2`, `-after-1`, `-after-2`). Peak reserved and device allocations after i 4
+equal the host replay's of each build on every trace, and fragmentation is the same in
+both builds on every trace. Device allocations after i 4 fall on gpt2l-fsdp-dyn (108 ->
+84) and synth-seqsched (6 -> 3), and llama3b-dynbatch makes 149 driver calls after i 4
+instead of 158 (the host replay models 217 -> 150 us). The measured times of this instance vary more between
+two runs of one build than the change moves them (gpt2l-fsdp-dyn before: 851 and 976 us;
+after: 968 and 730): compare the calls, which are the same in every run.
+""", ("h100-ab-3541ccb-before-1.jsonl", "h100-ab-3541ccb-before-2.jsonl"),
+     ("h100-ab-3541ccb-after-1.jsonl", "h100-ab-3541ccb-after-2.jsonl")),
     ("Before and after on the H200: growth and placement since dde0201",
      """gmlake's rows of four runs of `gmlake-gpu-replay --allocator gmlake TRACE` per trace (the
 17 traces), alternated build by build in one call on one NVIDIA H200 (driver
@@ -261,8 +276,24 @@ builds, so its differences are the run-to-run variation of measured time
 
 # Full tables of other runs (every allocator), shown after the main one: title, text, file.
 TABLES = [
-    ("On the H200: the current build",
-     """The same command on the current build (commit 3541ccb's allocator), on an NVIDIA H200
+    ("On the H100: the current build",
+     """The same command on the current build (commit ec599a9's allocator: a growth that one
+request fills is one chunk once the job has settled or when it is big), on an NVIDIA H100
+80GB HBM3 (driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130) on 2026-12-07, where an H200
+was asked for; every other figure of this run is that machine's. One call:
+`GMLAKE_BIN=... bash .ci/gpu OUT TRACES` (the 17 traces; GPU tests 16/16, 28,330
+assertions, plainly and under memcheck with 0 errors, example, plugin, torch 12/12:
+`bench/results/h100-gpu-job-ec599a9.txt`; the table: `bench/results/h100-replay-ec599a9.jsonl`).
+Peak reserved, fragmentation and device allocations after i 4 of gmlake equal the host
+replay's on every trace. gmlake reserves no more than the best peer on 16 of the 17
+traces (synth-moe: 7.60 GB against `cudaMallocAsync`'s 7.58). Measured driver time is
+above 1 ms on llama-small-lora-ckpt (1644 us) and llama1b-generate (1724);
+gpt2l-fsdp-dyn measured 944. gmlake's ns/op is above PyTorch default's on gpt2s-dynseq
+(595 against 528) and at or below it on the other 16, llama-small-lora-ckpt included
+(538 against 630).
+""", "h100-replay-ec599a9.jsonl"),
+    ("On the H200: the build of commit 3541ccb",
+     """The same command on the build of commit 3541ccb (before one chunk per request), on an NVIDIA H200
 (143771 MiB, driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130) on 2026-12-07. One call:
 `GMLAKE_BIN=... bash .ci/gpu OUT TRACES` (the 17 traces; GPU tests 16/16, 28,330
 assertions, plainly and under memcheck with 0 errors, example, plugin, torch 12/12:
@@ -278,8 +309,8 @@ llama-small-lora-ckpt (753 against 428, 750 against 639) and synth-ckpt-dyn (436
 against 404, 365 against 339) in both runs, and on gpt2s-dynseq in the first (498
 against 484; 505 against 697 in the second).
 """, "h200-replay-3541ccb.jsonl"),
-    ("On the H100: the current build",
-     """The same command on the current build (commit ebce8fd: borrowing by default, repair
+    ("On the H100: the build of commit ebce8fd",
+     """The same command on the build of commit ebce8fd (borrowing by default, repair
 with new chunks), on an NVIDIA H100 80GB HBM3 (driver 580.159.04, CUDA 13.0, torch
 2.11.0+cu130) on 2026-12-06, when no H200 was lent; every other figure of this run is
 that machine's. One call: `GMLAKE_BIN=... GMLAKE_GPU_SETTINGS="borrow_max_mib:0" bash
