@@ -964,22 +964,23 @@ TEST_CASE("one chunk for a request: a growth that one request fills is one handl
     CHECK(holds(big, 100 * C, 3));
     a.deallocate(big);
     a.deallocate(first);
-    // Settle on a loop of 24 C, then grow for a new shape of 40 C more beside it.
+    // Settle on a loop of 24 C, then grow for new shapes.
     for (int i = 0; i < 24; ++i) a.deallocate(a.allocate(24 * C));
-    void* keep = a.allocate(124 * C);  // the two free ranges, coalesced
-    const auto before = creates(a);
-    void* more = a.allocate(40 * C);  // nothing free: the whole request is new
+    void* keep = a.allocate(100 * C);  // of the 124 C free: 24 C stay free, beside the hole
+    auto before = creates(a);
+    void* more = a.allocate(60 * C);  // that free range grown by the 36 C it lacks
+    CHECK(fit(a.stats(), fit_state::s4_shortfall) >= 1);
+    CHECK(creates(a) - before == (on ? 1 : 5));  // one chunk, not 4 x 8 C + 4 C
+    before = creates(a);
+    void* extra = a.allocate(40 * C);  // nothing free: a new range
     CHECK(creates(a) - before == (on ? 1 : 5));  // one chunk, not five of settled_max_chunk
-    fill(more, 40 * C, 4);
-    CHECK(holds(more, 40 * C, 4));
+    CHECK(reserved(a) == static_cast<std::int64_t>(200 * C));  // the same bytes either way
+    for (void* x : {more, extra}) {
+      fill(x, x == more ? 60 * C : 40 * C, 4);
+      CHECK(holds(x, x == more ? 60 * C : 40 * C, 4));
+    }
     CHECK(a.check_invariants());
-    a.deallocate(more);
-    a.deallocate(keep);
-    // Its chunk is free whole: a stitch or a split reuses it, nothing new is created.
-    const auto now = creates(a);
-    void* again = a.allocate(164 * C);
-    CHECK(creates(a) == now);
-    a.deallocate(again);
+    for (void* x : {more, extra, keep}) a.deallocate(x);
     gmlake_test::check_released(a);
   }
 }

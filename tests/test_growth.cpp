@@ -150,6 +150,12 @@ TEST_CASE("growth rules: a growth that one request fills is one chunk once settl
   // ... and one of big_growth or more is one chunk (rounded up to the slot).
   v.request = 800 * mib + 1;
   CHECK(r.plan(v).max_chunk == 802 * mib);
+  v.request = 768 * mib;  // big_growth itself is big
+  CHECK(r.plan(v).max_chunk == 768 * mib);
+  policy::growth_rules no_big = r;  // no big growths: only once settled
+  no_big.big_growth = 0;
+  v.request = 800 * mib;
+  CHECK(no_big.plan(v).max_chunk == 32 * mib);
   // Settled: one chunk at any size; below the settled chunk size nothing changes.
   v.settled = true;
   v.request = 300 * mib;

@@ -45,8 +45,9 @@
 // settled_big_chunk_mib apply to policies that grow with a floor (the stitching
 // ones): the others keep growing the large arena by exactly what a request needs.
 // max_chunk_mib, settled_max_chunk_mib, request_chunk, the small arena's growth and
-// lending apply to every policy (request_chunk is off in the others' rules); stitch_edges_mib and stitch_pieces where the policy
-// has them.
+// lending apply to every policy (request_chunk is off in the non-stitching ones'
+// rules; set there, it applies once settled, as they have no big_growth);
+// stitch_edges_mib and stitch_pieces where the policy has them.
 //
 // Errors: parse_settings throws std::invalid_argument naming the item (an unknown
 // key, a value that is not a whole number or a boolean, one out of range). Spaces

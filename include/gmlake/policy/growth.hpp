@@ -38,11 +38,13 @@ struct growth_rules {
   std::size_t settled_big_chunk = 0;
   /// A growth that one request fills (growth_view::request) creates those bytes as
   /// one chunk, however large, once the job has settled or when the growth is big
-  /// (big_growth). The request frees the chunk whole, and a stitch maps a whole free
-  /// chunk as well as it maps several, so no byte becomes harder to reach; what
-  /// changes is the driver time: one create, one map and one access call instead of
-  /// one per max_chunk. While the layout forms, a growth below big_growth keeps the
-  /// smaller chunks: later requests split the chunks of a block freed then.
+  /// (big_growth): one create and one map instead of one per max_chunk, and an
+  /// access call over one handle instead of several. The request frees the chunk
+  /// whole, and a stitch maps a whole free chunk as well as several; a later split
+  /// leaves the rest of it partly used, which is why the rule waits for the settled
+  /// job's repeating shapes, or for a big growth: while the layout forms, a growth
+  /// below big_growth keeps the smaller chunks (docs/design.md, "One chunk for a
+  /// request": fragmentation unchanged on every trace measured).
   bool request_chunk = false;
   /// The small arena grows by at least its reserved bytes / small_divisor, rounded
   /// down to the slot and capped at small_cap (0: no cap), in chunks of that size
@@ -94,12 +96,11 @@ inline constexpr growth_rules exact_growth{};
 /// a growth of 768 MiB or more creates chunks of up to 256 MiB (once the job has
 /// settled: chunks of up to 64 MiB, and 1 GiB for such large growths); a growth that
 /// one request fills is one chunk once the job has settled, or when it is 768 MiB or
-/// more (request_chunk); the small arena
-/// grows by at least 1/8 of its reserved bytes (rounded down to the slot), up to
-/// 8 MiB, in one chunk; once settled, instead of growing past the peak, the small
-/// arena borrows a free chunk of up to 16 MiB of the large one (lending::borrow_max).
-/// Fewer, larger chunks for later stitches to map; the surplus is reused by the next
-/// stitch or split. The rules of the stitching configurations (docs/design.md, "Growth").
+/// more (request_chunk); the small arena grows by at least 1/8 of its reserved bytes
+/// (rounded down to the slot), up to 8 MiB, in one chunk; once settled, instead of
+/// growing past the peak, the small arena borrows a free chunk of up to 16 MiB of the
+/// large one (lending::borrow_max). Fewer, larger chunks for later stitches to map;
+/// the surplus is reused by the next stitch or split. The rules of the stitching configurations (docs/design.md, "Growth").
 inline constexpr growth_rules stitch_growth{.max_chunk = std::size_t{32} << 20,
                                             .floor = std::size_t{16} << 20,
                                             .floor_divisor = 512,
