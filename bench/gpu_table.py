@@ -283,14 +283,16 @@ request fills is one chunk once the job has settled or when it is big), on an NV
 was asked for; every other figure of this run is that machine's. One call:
 `GMLAKE_BIN=... bash .ci/gpu OUT TRACES` (the 17 traces; GPU tests 16/16, 28,330
 assertions, plainly and under memcheck with 0 errors, example, plugin, torch 12/12:
-`bench/results/h100-gpu-job-ec599a9.txt`; the table: `bench/results/h100-replay-ec599a9.jsonl`).
-Peak reserved, fragmentation and device allocations after i 4 of gmlake equal the host
-replay's on every trace. gmlake reserves no more than the best peer on 16 of the 17
-traces (synth-moe: 7.60 GB against `cudaMallocAsync`'s 7.58). Measured driver time is
-above 1 ms on llama-small-lora-ckpt (1644 us) and llama1b-generate (1724);
-gpt2l-fsdp-dyn measured 944. gmlake's ns/op is above PyTorch default's on gpt2s-dynseq
-(595 against 528) and at or below it on the other 16, llama-small-lora-ckpt included
-(538 against 630).
+`bench/results/h100-gpu-job-ec599a9.txt`; the table: `bench/results/h100-replay-ec599a9.jsonl`),
+and `GMLAKE_GPU_PARTS=replay` once more later that day on another H100 instance
+(`-2`). Peak reserved, fragmentation and device allocations after i 4 of gmlake equal
+the host replay's on every trace in both runs. gmlake reserves no more than the best
+peer on 16 of the 17 traces (synth-moe: 7.60 GB against `cudaMallocAsync`'s 7.58).
+Measured driver time is above 1 ms on llama-small-lora-ckpt (1644 and 2240 us in the
+two runs) and llama1b-generate (1724 and 1580); gpt2l-fsdp-dyn measured 944 and 698.
+gmlake's ns/op is above PyTorch default's on gpt2s-dynseq in the first run (595 against
+528; 434 against 691 in the second) and on llama-small-lora-ckpt in the second (725
+against 446; 538 against 630 in the first), at or below it on the other 15 in both.
 """, "h100-replay-ec599a9.jsonl"),
     ("On the H200: the build of commit 3541ccb",
      """The same command on the build of commit 3541ccb (before one chunk per request), on an NVIDIA H200
