@@ -111,9 +111,10 @@ in the order before, after, before, after (`bench/results/h100-ab-3541ccb-before
 equal the host replay's of each build on every trace, and fragmentation is the same in
 both builds on every trace. Device allocations after i 4 fall on gpt2l-fsdp-dyn (108 ->
 84) and synth-seqsched (6 -> 3), and llama3b-dynbatch makes 149 driver calls after i 4
-instead of 158 (the host replay models 217 -> 150 us). The measured times of this instance vary more between
-two runs of one build than the change moves them (gpt2l-fsdp-dyn before: 851 and 976 us;
-after: 968 and 730): compare the calls, which are the same in every run.
+instead of 158 (the host replay models 217 -> 150 us). The measured times of this
+instance vary more between two runs of one build than the change moves them
+(gpt2l-fsdp-dyn before: 851 and 976 us; after: 968 and 730): compare the calls, which
+are the same in every run.
 """, ("h100-ab-3541ccb-before-1.jsonl", "h100-ab-3541ccb-before-2.jsonl"),
      ("h100-ab-3541ccb-after-1.jsonl", "h100-ab-3541ccb-after-2.jsonl")),
     ("Before and after on the H200: growth and placement since dde0201",

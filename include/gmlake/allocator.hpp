@@ -429,7 +429,8 @@ class basic_allocator {
     // a slot boundary, so any alignment up to the slot needs no extra bytes.
     const std::uint32_t segment = stitch_.create_shortfall() ? 0 : a.new_segment();
     std::uintptr_t fresh = 0;
-    if (auto r = a.grow(round_up(size, slot_), segment, fresh, growth(small, round_up(size, slot_)))) {
+    const std::size_t bytes = round_up(size, slot_);
+    if (auto r = a.grow(bytes, segment, fresh, growth(small, bytes))) {
       // The new chunks may have merged with a free neighbour still in use by another
       // stream: then place the request in the new bytes only.
       if (!usable(*r.value)) return take_at(a, *r.value, fresh, size, requested, fit_state::s4_shortfall);

@@ -100,7 +100,8 @@ inline constexpr growth_rules exact_growth{};
 /// (rounded down to the slot), up to 8 MiB, in one chunk; once settled, instead of
 /// growing past the peak, the small arena borrows a free chunk of up to 16 MiB of the
 /// large one (lending::borrow_max). Fewer, larger chunks for later stitches to map;
-/// the surplus is reused by the next stitch or split. The rules of the stitching configurations (docs/design.md, "Growth").
+/// the surplus is reused by the next stitch or split. The rules of the stitching
+/// configurations (docs/design.md, "Growth").
 inline constexpr growth_rules stitch_growth{.max_chunk = std::size_t{32} << 20,
                                             .floor = std::size_t{16} << 20,
                                             .floor_divisor = 512,
