@@ -1398,6 +1398,53 @@ TEST_CASE("stitch edges: free bytes at handle boundaries open and close a stitch
   }
 }
 
+TEST_CASE("a cached block whose end was taken serves again from an earlier start, with no driver call") {
+  // The 8C block of edge_layout opens at H1's free end and closes at H3's free
+  // start. Freed and cached; then H1's start is freed and H3's start taken: the block
+  // serves 8C again from 1.5C earlier, over bytes of H1 it maps already.
+  for (const bool slide : {true, false}) {
+    CAPTURE(slide);
+    policy::best_fit_pieces p;
+    p.grow.max_chunk = 4 * C;
+    p.edges = 512;
+    gmlake::options o = opts();
+    o.slide_cached = slide;
+    gmlake::gmlake_allocator<counting<host_memfd>> a(counting<host_memfd>(cap, C), o, p);
+    edge_layout<decltype(a)> l(a);
+    auto* y = static_cast<unsigned char*>(a.allocate(8 * C));
+    a.deallocate(y);
+    a.deallocate(l.p);
+    auto* r = static_cast<unsigned char*>(a.allocate(C + C / 2));  // H3's free start, exactly
+    REQUIRE(r == l.r);
+    fill(r, C + C / 2, 9);
+    const auto calls = a.backend().counts().calls;
+    const auto s0 = a.stats();
+    auto* z = static_cast<unsigned char*>(a.allocate(8 * C));
+    const auto s1 = a.stats();
+    if (slide) {
+      CHECK(z == y - (C + C / 2));
+      CHECK(s1.cached_stitch_hits == s0.cached_stitch_hits + 1);
+      CHECK(a.backend().counts().calls == calls);  // no driver call
+      CHECK(s1.reserved_bytes.current == s0.reserved_bytes.current);
+      fill(z, 8 * C, 10);
+      CHECK(holds(l.p, 4 * C, 10));  // its first 4C are H1, from its start
+      CHECK(holds(r, C + C / 2, 9));  // H3's start is not in it
+    } else {
+      CHECK(z != y);
+      CHECK(s1.cached_stitch_hits == s0.cached_stitch_hits);
+      CHECK(a.backend().counts().calls != calls);
+    }
+    CHECK(holds(l.t, 2 * C + C / 2, 2));
+    CHECK(holds(l.mid, 4 * C, 3));
+    CHECK(a.check_invariants());
+    a.deallocate(z);
+    a.deallocate(r);
+    a.deallocate(l.t);
+    a.deallocate(l.mid);
+    gmlake_test::check_released(a);
+  }
+}
+
 TEST_CASE("stitch edges by default: 4 MiB at chunk boundaries close a stitch without new chunks, 3 MiB do not") {
   // 2 MiB slots, chunks of 16 MiB: H1 = [used | free E], H2 used, H3 free, H4 used,
   // H5 = [free E | used]. A request of E + 16 MiB + E can only be stitched from H1's

@@ -54,7 +54,7 @@ TEST_CASE("settings: each key sets what it names, in its unit") {
       "small_growth_divisor:4,small_growth_cap_mib:16,small_max_kib:256,stitch_edges_mib:0,stitch_pieces:32,"
       "cached_scan:16,repair_chunks:8,append_room:2,lend_to_large:false,lend_to_small:true,"
       "settled_max_chunk_mib:96,settled_big_chunk_mib:2048,settle_window:3,settle_divisor:20,borrow_max_mib:16,"
-      "request_chunk:false");
+      "request_chunk:false,slide_cached:false");
   const gmlake::options o = s.applied(gmlake::options{});
   CHECK(o.chunk_size == 4 * mib);
   CHECK(o.small_max == 256 * 1024);
@@ -63,6 +63,8 @@ TEST_CASE("settings: each key sets what it names, in its unit") {
   CHECK(o.append_room == 2);
   CHECK(o.settle_window == 3);
   CHECK(o.settle_divisor == 20);
+  CHECK(!o.slide_cached);
+  CHECK(gmlake::options{}.slide_cached);
   const policy::best_fit_pieces p = s.applied(policy::best_fit_pieces{});
   CHECK(p.grow.max_chunk == 128 * mib);
   CHECK(p.grow.settled_max_chunk == 96 * mib);

@@ -292,6 +292,120 @@ TEST_CASE("stitch pool: repair by several smaller chunks; not at a piece's edge"
   CHECK(b.sound());
 }
 
+namespace {
+
+/// A cached block over chunks 0 and 2, its first piece from `head` bytes into chunk 0
+/// (so the bytes before it are mapped in the block too), claimed once at `size`.
+detail::stitch_block* headed(bench& b, std::size_t head, std::size_t size) {
+  const detail::stitch_piece pieces[] = {{b.base + head, K - head}, {b.base + 2 * K, K}};
+  detail::stitch_block* x = b.pool.build(pieces);
+  REQUIRE(x != nullptr);
+  REQUIRE(b.pool.claim(*x, size, size, 0));
+  b.pool.release(*x, b.streams.on_free(0));
+  return x;
+}
+
+} // namespace
+
+TEST_CASE("stitch pool: slide: a block whose end was taken starts earlier in its first chunk, with no call") {
+  bench b;
+  detail::stitch_block* x = headed(b, 2 * S, 2 * K - 2 * S);
+  const std::uintptr_t pointer = x->pointer;
+  REQUIRE(b.nodes.reserve(2));
+  detail::range& last = b.large.carve(b.large.holding(b.base + 2 * K + 3 * S), b.base + 2 * K + 3 * S, S);
+  CHECK(b.pool.reuse(2 * K - 2 * S, 2 * K - 2 * S, 0, 8) == nullptr);  // its last slot is taken
+  const auto before = all_calls(b);
+  REQUIRE(b.pool.slide(2 * K - 2 * S, 2 * K - 2 * S, 0, 8) == x);
+  CHECK(all_calls(b) == before);  // no driver call: the bytes before the piece are mapped
+  CHECK(x->in_use);
+  CHECK(x->pointer == pointer - S);  // back by what the request lacks, no more
+  CHECK(x->pieces[0].addr == b.base + S);
+  CHECK(x->pieces[0].size == K - S);
+  CHECK(x->capacity == 2 * K - S);
+  CHECK(b.pool.find(x->pointer) == x);
+  CHECK(b.pool.find(pointer) == nullptr);
+  CHECK(b.large.holding(b.base + S).owner == x);
+  CHECK(b.large.holding(b.base + 2 * K).owner == x);
+  CHECK(b.large.holding(b.base).is_free());
+  CHECK(b.sound());
+  b.pool.release(*x, b.streams.on_free(0));
+  b.large.release(last, b.streams.on_free(0));
+  CHECK(b.pool.reuse(2 * K - S, 2 * K - S, 0, 8) == x);  // it keeps its new start
+  b.pool.release(*x, b.streams.on_free(0));
+  CHECK(b.sound());
+}
+
+TEST_CASE("stitch pool: slide: a block whose first bytes were taken starts later, where its capacity allows") {
+  bench b;
+  detail::stitch_block* x = headed(b, S, 2 * K - 2 * S);
+  const std::uintptr_t pointer = x->pointer;
+  REQUIRE(b.nodes.reserve(2));
+  detail::range& first = b.large.carve(b.large.holding(b.base + S), b.base + S, S);
+  CHECK(b.pool.reuse(2 * K - 2 * S, 2 * K - 2 * S, 0, 8) == nullptr);
+  CHECK(b.pool.slide(2 * K - S, 2 * K - S, 0, 8) == nullptr);  // would need more than it holds
+  CHECK(x->pointer == pointer);
+  const auto before = all_calls(b);
+  REQUIRE(b.pool.slide(2 * K - 2 * S, 2 * K - 2 * S, 0, 8) == x);
+  CHECK(all_calls(b) == before);
+  CHECK(x->pointer == pointer + S);
+  CHECK(x->pieces[0].addr == b.base + 2 * S);
+  CHECK(x->capacity == 2 * K - 2 * S);
+  CHECK(b.sound());
+  b.pool.release(*x, b.streams.on_free(0));
+  b.large.release(first, b.streams.on_free(0));
+  CHECK(b.sound());
+}
+
+TEST_CASE("stitch pool: slide off, or no free bytes before the piece: the block stays as stitched") {
+  bench b;
+  detail::stitch_block* x = headed(b, 2 * S, 2 * K - 2 * S);
+  const std::uintptr_t pointer = x->pointer;
+  REQUIRE(b.nodes.reserve(4));
+  detail::range& last = b.large.carve(b.large.holding(b.base + 2 * K + 3 * S), b.base + 2 * K + 3 * S, S);
+  SUBCASE("off") {
+    b.pool.set_slide(false);
+    CHECK(b.pool.slide(2 * K - 2 * S, 2 * K - 2 * S, 0, 8) == nullptr);
+  }
+  SUBCASE("the slot before the piece taken") {
+    detail::range& before = b.large.carve(b.large.holding(b.base + S), b.base + S, S);
+    CHECK(b.pool.slide(2 * K - 2 * S, 2 * K - 2 * S, 0, 8) == nullptr);
+    b.large.release(before, b.streams.on_free(0));
+  }
+  CHECK(x->cached);
+  CHECK(x->pointer == pointer);
+  CHECK(x->pieces[0].addr == b.base + 2 * S);
+  b.large.release(last, b.streams.on_free(0));
+  CHECK(b.sound());
+}
+
+TEST_CASE("stitch pool: repair from an earlier start, where that leaves fewer chunks to replace") {
+  bench b;
+  const detail::stitch_piece pieces[] = {
+      {b.base + 2 * S, K - 2 * S}, {b.base + 2 * K, K}, {b.base + 4 * K, K}, {b.base + 6 * K, K}};
+  detail::stitch_block* x = b.pool.build(pieces);
+  REQUIRE(x != nullptr);
+  const std::size_t size = x->capacity;
+  REQUIRE(b.pool.claim(*x, size, size, 0));
+  b.pool.release(*x, b.streams.on_free(0));
+  const std::uintptr_t pointer = x->pointer;
+  REQUIRE(b.nodes.reserve(4));
+  detail::range& inner = b.large.carve(b.large.holding(b.base + 2 * K + S), b.base + 2 * K + S, S);
+  detail::range& end = b.large.carve(b.large.holding(b.base + 6 * K + 3 * S), b.base + 6 * K + 3 * S, S);
+  CHECK(b.pool.slide(size, size, 0, 8) == nullptr);  // chunk 2 is taken inside
+  const auto maps = calls(b, call::map), unmaps = calls(b, call::unmap);
+  REQUIRE(b.pool.repair(size, size, 0, 8, 512, 4) == x);
+  CHECK(calls(b, call::unmap) == unmaps + 1);  // chunk 2 only: chunk 6's taken slot is past the request now
+  CHECK(calls(b, call::map) == maps + 1);
+  CHECK(x->pointer == pointer - 2 * S);
+  CHECK(x->pieces[0].addr == b.base);
+  CHECK(b.large.holding(b.base + 6 * K).owner == x);
+  CHECK(b.sound());
+  b.pool.release(*x, b.streams.on_free(0));
+  b.large.release(inner, b.streams.on_free(0));
+  b.large.release(end, b.streams.on_free(0));
+  CHECK(b.sound());
+}
+
 TEST_CASE("stitch pool: append maps chunks after a cached block, in its reservation's room, then claims") {
   bench b;
   const detail::stitch_piece pieces[] = {{b.base + K, K}, {b.base + 3 * K, K}};

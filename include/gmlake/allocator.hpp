@@ -68,6 +68,11 @@ struct options {
   /// Chunks of a cached stitched block that may be replaced so that it serves a
   /// request (its other chunks free); 0: never. At most 8.
   std::size_t repair_chunks = 4;
+  /// A cached stitched block's first piece may start elsewhere in its first chunk,
+  /// at the start of the free bytes there, so that the block serves a request whose
+  /// bytes at its pointer or at its end were taken since, with no driver call (or
+  /// with fewer chunks to replace); false: it starts where it was stitched.
+  bool slide_cached = true;
   /// Room each stitched block's reservation leaves past its mapping, in multiples
   /// of the mapping's bytes: a larger request may append chunks to a cached block
   /// there instead of stitching anew. 0: none (never appended). At most 16.
@@ -111,6 +116,7 @@ class basic_allocator {
         large_(driver_, nodes_, streams_, held_, slot_),
         pool_(driver_, large_, streams_, nodes_, held_) {
     const std::size_t va = round_up(backend_.capacity(), slot_) * (opt_.va_factor ? opt_.va_factor : 1);
+    pool_.set_slide(opt_.slide_cached);
     small_.borrow_from(large_);
     if (errc e = small_.open(va); e != errc::ok) fail_open(e);
     if (errc e = large_.open(va); e != errc::ok) {
@@ -381,6 +387,8 @@ class basic_allocator {
     const bool stitching = !small && stitch_.stitches(size);
     if (stitching) {
       if (stitch_block* b = pool_.reuse(size, requested, s, opt_.cached_scan, alignment))  // S1 on the cache
+        return from_cache(*b, size, requested, fit_state::s1_exact, false);
+      if (stitch_block* b = pool_.slide(size, requested, s, opt_.cached_scan, alignment))  // S1 on the cache, slid
         return from_cache(*b, size, requested, fit_state::s1_exact, false);
       if (stitch_block* b = pool_.repair(size, requested, s, opt_.cached_scan, alignment, opt_.repair_chunks))
         return from_cache(*b, size, requested, fit_state::s1_exact, true);  // S1 on the cache, repaired

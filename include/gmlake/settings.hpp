@@ -33,6 +33,8 @@
 //   stitch_pieces         most free ranges one stitch maps (16; 1 to 65536)
 //   cached_scan           cached stitched blocks tried per request (8; at most 65536)
 //   repair_chunks         chunks of a cached stitched block that may be replaced (4; at most 8)
+//   slide_cached          a cached stitched block's first piece may start elsewhere in its
+//                         chunk, at the free bytes there (true)
 //   append_room           address space each stitched block keeps for appends, in
 //                         multiples of its mapping (1; at most 16)
 //   lend_to_large         free small-arena chunks are released before the large arena
@@ -76,7 +78,7 @@ struct settings {
   std::optional<std::size_t> settled_max_chunk, settled_big_chunk, settle_window, settle_divisor;
   std::optional<std::size_t> small_divisor, small_cap, small_max, edges, pieces;
   std::optional<std::size_t> cached_scan, repair_chunks, append_room;
-  std::optional<bool> lend_to_large, lend_to_small, request_chunk;
+  std::optional<bool> lend_to_large, lend_to_small, request_chunk, slide_cached;
   std::optional<std::size_t> borrow_max;
 
   /// `o` with the options set here.
@@ -86,6 +88,7 @@ struct settings {
     if (cached_scan) o.cached_scan = *cached_scan;
     if (repair_chunks) o.repair_chunks = *repair_chunks;
     if (append_room) o.append_room = *append_room;
+    if (slide_cached) o.slide_cached = *slide_cached;
     if (settle_window) o.settle_window = *settle_window;
     if (settle_divisor) o.settle_divisor = *settle_divisor;
     return o;
@@ -142,7 +145,7 @@ struct key {
 inline constexpr std::size_t kib = std::size_t{1} << 10, mib = std::size_t{1} << 20;
 /// 1 PiB in MiB; with a 32-bit size_t, what fits (parse_settings checks the product).
 inline constexpr std::size_t most_mib = sizeof(std::size_t) >= 8 ? std::size_t{1} << 30 : std::size_t{4095};
-inline constexpr std::array<key, 22> keys = {{
+inline constexpr std::array<key, 23> keys = {{
     {"chunk_mib", mib, 0, 1024, &settings::chunk, nullptr},
     {"max_chunk_mib", mib, 0, most_mib, &settings::max_chunk, nullptr},
     {"big_growth_mib", mib, 0, most_mib, &settings::big_growth, nullptr},
@@ -164,6 +167,7 @@ inline constexpr std::array<key, 22> keys = {{
     {"lend_to_large", 0, 0, 1, nullptr, &settings::lend_to_large},
     {"lend_to_small", 0, 0, 1, nullptr, &settings::lend_to_small},
     {"request_chunk", 0, 0, 1, nullptr, &settings::request_chunk},
+    {"slide_cached", 0, 0, 1, nullptr, &settings::slide_cached},
     {"borrow_max_mib", mib, 0, most_mib, &settings::borrow_max, nullptr},
 }};
 

@@ -215,6 +215,27 @@ class stitch_pool {
     return nullptr;
   }
 
+  /// S1 on the cache, slid: of the `scan` smallest cached blocks of at least `size`
+  /// bytes, the first that can be claimed once its first piece starts where
+  /// first_start() says, or nullptr. The block keeps its moved first piece.
+  [[nodiscard]] stitch_block* slide(std::size_t size, std::size_t requested, std::uint32_t s, std::size_t scan,
+                                    std::size_t alignment = block_alignment) noexcept {
+    auto it = cache_.lower_bound(size, stitch_capacity_less{});
+    for (std::size_t n = 0; it != cache_.end() && n < scan; ++it, ++n) {
+      stitch_block& b = *it;
+      const std::uintptr_t at = first_start(b, size, s, alignment);
+      const stitch_piece was = b.pieces.front();
+      if (at == was.addr) continue;
+      b.pieces.front() = {at, was.end() - at};
+      const bool ok = claimable(b, size, s) != 0;
+      b.pieces.front() = was;
+      if (!ok) continue;
+      move_first(b, at);
+      return claim(b, size, requested, s) ? &b : nullptr;  // else it stays cached, moved
+    }
+    return nullptr;
+  }
+
   /// A cached block that a request of `size` bytes, more than it holds, can use
   /// once chunks are appended to it: of the `scan` largest cached blocks of fewer
   /// bytes (pointer aligned to `alignment`), the largest whose pieces are all free
@@ -326,6 +347,7 @@ class stitch_pool {
                                           [&](const stitch_block& c, repair_plan& p) { return find_replacements(c, s, p); });
     if (chosen == nullptr) return nullptr;
     stitch_block& b = *chosen;
+    if (best.first != b.pieces.front().addr) move_first(b, best.first);
     std::vector<stitch_piece> pieces;
     try {
       const std::size_t most = b.pieces.size() + best.count * (repair_fresh_max + 1);
@@ -394,6 +416,8 @@ class stitch_pool {
 
   /// While held (capture mode), nothing is unmapped: blocks stay cached.
   void set_hold(bool on) noexcept { hold_ = on; }
+  /// Whether a cached block's first piece may move (first_start()); on by default.
+  void set_slide(bool on) noexcept { slide_ = on; }
 
   /// A block just built that could not be claimed: unmapped, or cached if it
   /// cannot be now (release_cached() retries).
@@ -493,6 +517,7 @@ class stitch_pool {
   struct repair_plan {
     std::array<swap, repair_max> chunks{};
     std::size_t count = 0;
+    std::uintptr_t first = 0;  ///< where the block's first piece starts (first_start())
   };
   enum class swap_result { done, undone, no_access, broken };
 
@@ -511,8 +536,22 @@ class stitch_pool {
     auto it = cache_.lower_bound(size, stitch_capacity_less{});
     for (std::size_t n = 0; it != cache_.end() && n < scan; ++it, ++n) {
       stitch_block& b = *it;
-      if (b.pointer % alignment != 0) continue;
-      const std::size_t k = blocked_in(b, size, s, max_chunks, cur);
+      stitch_piece& first = b.pieces.front();
+      const stitch_piece was = first;
+      const std::uintptr_t at = first_start(b, size, s, alignment);
+      std::size_t k = b.pointer % alignment == 0 ? blocked_in(b, size, s, max_chunks, cur) : 0;
+      cur.first = was.addr;
+      if (at != was.addr) {  // where it could start instead, if that leaves fewer to replace
+        repair_plan moved;
+        first = {at, was.end() - at};
+        const std::size_t j = blocked_in(b, size, s, max_chunks, moved);
+        first = was;
+        if (j != 0 && (k == 0 || j < k)) {
+          k = j;
+          cur = moved;
+          cur.first = at;
+        }
+      }
       if (k == 0 || (chosen != nullptr && k >= best.count)) continue;
       if (!streams_.done_now(b.tag) || !accept(b, cur)) continue;
       chosen = &b;
@@ -672,6 +711,62 @@ class stitch_pool {
     return left > 0 ? 0 : k;
   }
 
+  /// Where cached block b's first piece can start for a request of `size` bytes on
+  /// stream s, within the piece's first chunk, with the pointer aligned to
+  /// `alignment` and the block left at least `size` bytes: on at the start of the
+  /// free range that holds the piece's last byte (usable there), if bytes at its
+  /// start were taken; back towards that range's start by what the request lacks, if
+  /// bytes at its end were; else where it starts now. A block maps its first piece's
+  /// chunks whole, so the bytes before that piece are mapped already: its start
+  /// moves over them with no driver call, and the request needs more or fewer bytes
+  /// of the later pieces. This is what a layer loop needs whose live bytes drift:
+  /// each layer's free bytes start a little earlier (or later) than the last one's,
+  /// and end as much earlier.
+  [[nodiscard]] std::uintptr_t first_start(const stitch_block& b, std::size_t size, std::uint32_t s,
+                                           std::size_t alignment) const noexcept {
+    const stitch_piece& p = b.pieces.front();
+    const range& r = large_.holding(p.end() - 1);
+    if (!slide_ || !r.is_free() || !streams_.usable(r.tag, s)) return p.addr;
+    const std::uintptr_t floor = large_.chunk_floor(p.addr);
+    std::uintptr_t at = floor + round_up(std::max(r.addr, floor) - floor, alignment);
+    if (at == p.addr || at >= large_.chunk_end(p.addr) || at >= p.end() || b.capacity + p.addr - at < size)
+      return p.addr;
+    if (at < p.addr) {  // back by no more than the request lacks
+      const std::size_t got = claimable_prefix(b, size, s);
+      if (got >= size) return p.addr;
+      at = p.addr - std::min(p.addr - at, round_up(size - got, alignment));
+    }
+    return (b.va + (at - floor)) % alignment == 0 ? at : p.addr;
+  }
+
+  /// Bytes from b's pointer that can be claimed on stream s, up to about `size`.
+  [[nodiscard]] std::size_t claimable_prefix(const stitch_block& b, std::size_t size, std::uint32_t s) const noexcept {
+    std::size_t got = 0;
+    for (const auto& p : b.pieces) {
+      if (got >= size) break;
+      const range& r = large_.holding(p.addr);
+      if (!r.is_free() || !streams_.usable(r.tag, s)) break;
+      const std::size_t len = std::min(p.size, static_cast<std::size_t>(r.end() - p.addr));
+      got += len;
+      if (len < p.size) break;
+    }
+    return got;
+  }
+
+  /// Cached block b's first piece starts at `at` (first_start()): its capacity and
+  /// pointer change, and with them its place in the cache and the pointer index. Its
+  /// mapping and the chunks it pins do not.
+  void move_first(stitch_block& b, std::uintptr_t at) noexcept {
+    stitch_piece& p = b.pieces.front();
+    uncache(b);
+    by_pointer_.erase(by_pointer_.iterator_to(b));
+    b.capacity = b.capacity + p.addr - at;
+    b.pointer = b.pointer + at - p.addr;
+    p = {at, p.end() - at};
+    by_pointer_.insert(b);
+    cache(b);
+  }
+
   /// Bytes of the chunks that hold piece p (what a stitch maps for it).
   [[nodiscard]] std::size_t span_bytes(const stitch_piece& p) const noexcept {
     return large_.chunk_end(p.end() - 1) - large_.chunk_floor(p.addr);
@@ -772,6 +867,7 @@ class stitch_pool {
   std::size_t cached_bytes_ = 0;
   std::uint64_t clock_ = 0;
   bool hold_ = false;
+  bool slide_ = true;
 };
 
 } // namespace gmlake::detail
