@@ -101,11 +101,26 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 # the section shows) and, where both are rows of the same runs, the allocator label
 # of the before rows.
 COMPARISONS = [
-    ("Before and after on the H100: one chunk per request",
+    ("Before and after on the H100: a cached block's start moved",
      """gmlake's rows of four runs of `gmlake-gpu-replay --allocator gmlake TRACE` per trace (the
 17 traces), alternated build by build in one call on one NVIDIA H100 80GB HBM3 (driver
 580.159.04) on 2026-12-07, right after the run of "On the H100: the current build": before,
-the build of commit 3541ccb; after, the build with one chunk per request (commit ec599a9);
+the build of commit a26aace; after, the build whose cached stitched blocks may start
+elsewhere in their first chunk (commit 10b28df); in the order before, after, before, after
+(`bench/results/h100-ab-a26aace-before-1.jsonl`, `-before-2`, `-after-1`, `-after-2`).
+Peak reserved and device allocations after i 4 equal the host replay's of each build on
+every trace; only llama-small-lora-ckpt changes (1.74 -> 1.82%, 5 -> 7 device allocations
+after i 4): its driver time after i 4 falls from 2295 and 2152 us to 1649 and 1564, and its
+ns/op after i 4 from 787 and 742 to 606 and 592. The other traces' times vary between the
+two runs of one build as much as between the builds.
+""", ("h100-ab-a26aace-before-1.jsonl", "h100-ab-a26aace-before-2.jsonl"),
+     ("h100-ab-a26aace-after-1.jsonl", "h100-ab-a26aace-after-2.jsonl")),
+    ("Before and after on the H100: one chunk per request",
+     """gmlake's rows of four runs of `gmlake-gpu-replay --allocator gmlake TRACE` per trace (the
+17 traces), alternated build by build in one call on one NVIDIA H100 80GB HBM3 (driver
+580.159.04) on 2026-12-07, right after the run of "On the H100: the build of commit
+ec599a9": before, the build of commit 3541ccb; after, the build with one chunk per request
+(commit ec599a9);
 in the order before, after, before, after (`bench/results/h100-ab-3541ccb-before-1.jsonl`,
 `-before-2`, `-after-1`, `-after-2`). Peak reserved and device allocations after i 4
 equal the host replay's of each build on every trace, and fragmentation is the same in
@@ -170,7 +185,7 @@ both, gpt2l-fsdp-dyn in the first, 1243 us, moe-small-dynseq in the second, 1038
 gmlake's own time per operation rose on the two generation traces, llama1b-generate
 89 and 80 -> 142 and 151 ns/op and synth-kvcache 63 and 94 -> 121 and 124, outside the
 driver calls (llama1b-generate's driver time fell); it stays below PyTorch default's
-there (497 and 415 ns/op in the run of "On the H100: the current build"). Another
+there (497 and 415 ns/op in the run of "On the H100: the build of commit ebce8fd"). Another
 instance measured the same after build at 86-87 ns/op on llama1b-generate and 65-69 on
 synth-kvcache ("Before and after: the fit strategy's inlined walk"), so part of that rise
 is the machine; on the host replay gmlake's own time on synth-kvcache rose from 35.7 to
@@ -181,7 +196,7 @@ is the machine; on the host replay gmlake's own time on synth-kvcache rose from 
      """gmlake's rows (after: the default, borrowing once settled, only chunks no stitched
 block maps and only while the live bytes are below 4/5 of their peak; repair with new
 chunks) and `gmlake:borrow_max_mib:0`'s (before: no borrowing) of the two runs of
-"On the H100: the current build" above (`bench/results/h100-replay-borrow-default.jsonl`,
+"On the H100: the build of commit ebce8fd" above (`bench/results/h100-replay-borrow-default.jsonl`,
 `-2`). Each time column shows the two runs. Fragmentation and device allocations after
 i 4 equal the host replay's on every trace in both runs: synth-kvcache 3.34 -> 1.42%,
 llama3b-dynbatch 1.05 -> 0.83% (39 -> 17 device allocations), llama-small-lora-ckpt
@@ -278,7 +293,22 @@ builds, so its differences are the run-to-run variation of measured time
 # Full tables of other runs (every allocator), shown after the main one: title, text, file.
 TABLES = [
     ("On the H100: the current build",
-     """The same command on the current build (commit ec599a9's allocator: a growth that one
+     """The same command on the current build (commit 10b28df's allocator: a cached stitched
+block's first piece may start elsewhere in its first chunk), on an NVIDIA H100 80GB HBM3
+(driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130) on 2026-12-07, where an H200 was asked
+for; every other figure of this run is that machine's. One call: `GMLAKE_BIN=... bash
+.ci/gpu OUT TRACES` (the 17 traces; GPU tests 16/16, 28,330 assertions, plainly and under
+memcheck with 0 errors, example, plugin, torch 12/12:
+`bench/results/h100-gpu-job-10b28df.txt`; the table:
+`bench/results/h100-replay-10b28df.jsonl`). Peak reserved, fragmentation and device
+allocations after i 4 of gmlake equal the host replay's on every trace. gmlake reserves no
+more than the best peer on 16 of the 17 traces (synth-moe: 7.60 GB against
+`cudaMallocAsync`'s 7.58). Measured driver time is above 1 ms on gpt2l-fsdp-dyn (1134
+us), llama-small-lora-ckpt (1624) and llama1b-generate (1601). gmlake's ns/op after i 4
+is at or below PyTorch default's on all 17 (llama-small-lora-ckpt 623 against 664).
+""", "h100-replay-10b28df.jsonl"),
+    ("On the H100: the build of commit ec599a9",
+     """The same command on the build of commit ec599a9 (a growth that one
 request fills is one chunk once the job has settled or when it is big), on an NVIDIA H100
 80GB HBM3 (driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130) on 2026-12-07, where an H200
 was asked for; every other figure of this run is that machine's. One call:
