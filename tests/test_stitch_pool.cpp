@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gmlake/backend/counting.hpp"
+#include "gmlake/backend/fault_injecting.hpp"
 #include "gmlake/backend/simulated.hpp"
 #include "gmlake/detail/stitch_pool.hpp"
 #include "gmlake/policy/eviction.hpp"
@@ -26,24 +27,25 @@ namespace policy = gmlake::policy;
 constexpr std::size_t S = 64 * 1024;
 constexpr std::size_t K = 4 * S;  // chunks of 4 slots
 
-/// One large arena with 8 chunks of K, all free, and a pool on it.
-struct bench {
-  driver backend{std::size_t{64} << 20, S};
+/// One large arena with 8 chunks of K, all free, and a pool on it, over backend D.
+template <class D>
+struct basic_bench {
+  D backend{simulated(std::size_t{64} << 20, S)};
   detail::footprint held;
   detail::node_pool<detail::range> nodes;
-  detail::stream_table<driver> streams{backend};
-  detail::arena<driver> large{backend, nodes, streams, held, S};
-  detail::stitch_pool<driver> pool{backend, large, streams, nodes, held};
+  detail::stream_table<D> streams{backend};
+  detail::arena<D> large{backend, nodes, streams, held, S};
+  detail::stitch_pool<D> pool{backend, large, streams, nodes, held};
   std::uintptr_t base = 0;
 
-  bench() {
+  basic_bench() {
     REQUIRE(large.open(std::size_t{64} << 20) == gmlake::errc::ok);
     REQUIRE(nodes.reserve(4));
     std::uintptr_t fresh = 0;
     REQUIRE(large.grow(8 * K, 0, fresh, gmlake::growth_plan{0, K, 0, 0}));
     base = fresh;
   }
-  ~bench() {
+  ~basic_bench() {
     pool.close();
     large.close();
   }
@@ -58,6 +60,7 @@ struct bench {
     return pool.build(pieces);
   }
 };
+using bench = basic_bench<driver>;
 
 } // namespace
 
@@ -399,6 +402,39 @@ TEST_CASE("stitch pool: repair from an earlier start, where that leaves fewer ch
   CHECK(x->pointer == pointer - 2 * S);
   CHECK(x->pieces[0].addr == b.base);
   CHECK(b.large.holding(b.base + 6 * K).owner == x);
+  CHECK(b.sound());
+  b.pool.release(*x, b.streams.on_free(0));
+  b.large.release(inner, b.streams.on_free(0));
+  b.large.release(end, b.streams.on_free(0));
+  CHECK(b.sound());
+}
+
+TEST_CASE("stitch pool: a repair from an earlier start whose map fails is undone: cached, moved, sound") {
+  basic_bench<gmlake::backend::fault_injecting<simulated>> b;
+  const detail::stitch_piece pieces[] = {
+      {b.base + 2 * S, K - 2 * S}, {b.base + 2 * K, K}, {b.base + 4 * K, K}, {b.base + 6 * K, K}};
+  detail::stitch_block* x = b.pool.build(pieces);
+  REQUIRE(x != nullptr);
+  const std::size_t size = x->capacity;
+  REQUIRE(b.pool.claim(*x, size, size, 0));
+  b.pool.release(*x, b.streams.on_free(0));
+  const std::uintptr_t pointer = x->pointer;
+  REQUIRE(b.nodes.reserve(4));
+  detail::range& inner = b.large.carve(b.large.holding(b.base + 2 * K + S), b.base + 2 * K + S, S);
+  detail::range& end = b.large.carve(b.large.holding(b.base + 6 * K + 3 * S), b.base + 6 * K + 3 * S, S);
+  b.backend.reset_counts();
+  b.backend.fail_at(gmlake::backend::fault::map, 1);  // the replacement's map
+  CHECK(b.pool.repair(size, size, 0, 8, 512, 4) == nullptr);
+  CHECK(x->cached);
+  CHECK(!x->in_use);
+  CHECK(x->pointer == pointer - 2 * S);  // moved before the replacement, and kept
+  CHECK(x->pieces[0].addr == b.base);
+  CHECK(x->pieces[1].addr == b.base + 2 * K);  // its own chunk back in place
+  CHECK(b.pool.find(x->pointer) == x);
+  CHECK(b.sound());
+  b.backend.disarm();
+  REQUIRE(b.pool.repair(size, size, 0, 8, 512, 4) == x);
+  CHECK(x->pointer == pointer - 2 * S);
   CHECK(b.sound());
   b.pool.release(*x, b.streams.on_free(0));
   b.large.release(inner, b.streams.on_free(0));
