@@ -359,6 +359,39 @@ TEST_CASE("stitch pool: slide: a block whose first bytes were taken starts later
   CHECK(b.sound());
 }
 
+TEST_CASE("stitch pool: a start moved back stops at another piece of the block in the same chunk") {
+  // First piece: chunk 1 from its third slot, and chunk 2; then chunks 4-5; last,
+  // chunk 0 and chunk 1's first slot (a stitch may end in its first piece's chunk).
+  // Once the used slot between them is free, one free range holds both.
+  bench b;
+  REQUIRE(b.nodes.reserve(8));
+  detail::range& gap = b.large.carve(b.large.holding(b.base + K + S), b.base + K + S, S);
+  const detail::stitch_piece pieces[] = {{b.base + K + 2 * S, 2 * K - 2 * S}, {b.base + 4 * K, 2 * K}, {b.base, K + S}};
+  detail::stitch_block* x = b.pool.build(pieces);
+  REQUIRE(x != nullptr);
+  REQUIRE(b.pool.claim(*x, x->capacity, x->capacity, 0));
+  b.pool.release(*x, b.streams.on_free(0));
+  b.large.release(gap, b.streams.on_free(0));
+  REQUIRE(b.nodes.reserve(8));
+  detail::range& tail = b.large.carve(b.large.holding(b.base + 6 * K - S), b.base + 6 * K - S, S);
+  SUBCASE("the request lacks more than the slot between them: not moved") {
+    CHECK(b.pool.slide(4 * K - S, 4 * K - S, 0, 8) == nullptr);
+    CHECK(x->pieces[0].addr == b.base + K + 2 * S);
+  }
+  SUBCASE("it lacks that slot: moved onto it, no further") {
+    REQUIRE(b.pool.slide(4 * K - 2 * S, 4 * K - 2 * S, 0, 8) == x);
+    CHECK(x->pieces[0].addr == b.base + K + S);
+    CHECK(b.sound());  // the pieces stay disjoint
+    b.pool.release(*x, b.streams.on_free(0));
+  }
+  b.large.release(tail, b.streams.on_free(0));
+  REQUIRE(b.nodes.reserve(8));
+  REQUIRE(b.pool.reuse(x->capacity, x->capacity, 0, 8) == x);  // every piece claimed once
+  CHECK(b.sound());
+  b.pool.release(*x, b.streams.on_free(0));
+  CHECK(b.sound());
+}
+
 TEST_CASE("stitch pool: slide off, or no free bytes before the piece: the block stays as stitched") {
   bench b;
   detail::stitch_block* x = headed(b, 2 * S, 2 * K - 2 * S);
@@ -383,6 +416,12 @@ TEST_CASE("stitch pool: slide off, or no free bytes before the piece: the block 
 
 TEST_CASE("stitch pool: repair from an earlier start, where that leaves fewer chunks to replace") {
   bench b;
+  bool slide = true;
+  SUBCASE("on") {}
+  SUBCASE("off: both taken chunks replaced, the start kept") {
+    slide = false;
+    b.pool.set_slide(false);
+  }
   const detail::stitch_piece pieces[] = {
       {b.base + 2 * S, K - 2 * S}, {b.base + 2 * K, K}, {b.base + 4 * K, K}, {b.base + 6 * K, K}};
   detail::stitch_block* x = b.pool.build(pieces);
@@ -397,11 +436,18 @@ TEST_CASE("stitch pool: repair from an earlier start, where that leaves fewer ch
   CHECK(b.pool.slide(size, size, 0, 8) == nullptr);  // chunk 2 is taken inside
   const auto maps = calls(b, call::map), unmaps = calls(b, call::unmap);
   REQUIRE(b.pool.repair(size, size, 0, 8, 512, 4) == x);
-  CHECK(calls(b, call::unmap) == unmaps + 1);  // chunk 2 only: chunk 6's taken slot is past the request now
-  CHECK(calls(b, call::map) == maps + 1);
-  CHECK(x->pointer == pointer - 2 * S);
-  CHECK(x->pieces[0].addr == b.base);
-  CHECK(b.large.holding(b.base + 6 * K).owner == x);
+  if (slide) {
+    CHECK(calls(b, call::unmap) == unmaps + 1);  // chunk 2 only: chunk 6's taken slot is past the request now
+    CHECK(calls(b, call::map) == maps + 1);
+    CHECK(x->pointer == pointer - 2 * S);
+    CHECK(x->pieces[0].addr == b.base);
+    CHECK(b.large.holding(b.base + 6 * K).owner == x);
+  } else {
+    CHECK(calls(b, call::unmap) == unmaps + 2);  // chunks 2 and 6
+    CHECK(calls(b, call::map) == maps + 2);
+    CHECK(x->pointer == pointer);
+    CHECK(x->pieces[0].addr == b.base + 2 * S);
+  }
   CHECK(b.sound());
   b.pool.release(*x, b.streams.on_free(0));
   b.large.release(inner, b.streams.on_free(0));

@@ -69,9 +69,10 @@ struct options {
   /// request (its other chunks free); 0: never. At most 8.
   std::size_t repair_chunks = 4;
   /// A cached stitched block's first piece may start elsewhere in its first chunk,
-  /// at the start of the free bytes there, so that the block serves a request whose
-  /// bytes at its pointer or at its end were taken since, with no driver call (or
-  /// with fewer chunks to replace); false: it starts where it was stitched.
+  /// over free bytes the block maps already (later, past bytes taken at its start;
+  /// earlier, by what a request lacks where bytes at its end were taken), so that the
+  /// block serves the request with no driver call, or with fewer chunks to replace;
+  /// false: it starts where it was stitched.
   bool slide_cached = true;
   /// Room each stitched block's reservation leaves past its mapping, in multiples
   /// of the mapping's bytes: a larger request may append chunks to a cached block
@@ -388,7 +389,7 @@ class basic_allocator {
     if (stitching) {
       if (stitch_block* b = pool_.reuse(size, requested, s, opt_.cached_scan, alignment))  // S1 on the cache
         return from_cache(*b, size, requested, fit_state::s1_exact, false);
-      if (stitch_block* b = pool_.slide(size, requested, s, opt_.cached_scan, alignment))  // S1 on the cache, slid
+      if (stitch_block* b = pool_.slide(size, requested, s, opt_.cached_scan, alignment))  // S1 on the cache, moved
         return from_cache(*b, size, requested, fit_state::s1_exact, false);
       if (stitch_block* b = pool_.repair(size, requested, s, opt_.cached_scan, alignment, opt_.repair_chunks))
         return from_cache(*b, size, requested, fit_state::s1_exact, true);  // S1 on the cache, repaired

@@ -34,7 +34,7 @@
 //   cached_scan           cached stitched blocks tried per request (8; at most 65536)
 //   repair_chunks         chunks of a cached stitched block that may be replaced (4; at most 8)
 //   slide_cached          a cached stitched block's first piece may start elsewhere in its
-//                         chunk, at the free bytes there (true)
+//                         first chunk, over free bytes it maps already (true)
 //   append_room           address space each stitched block keeps for appends, in
 //                         multiples of its mapping (1; at most 16)
 //   lend_to_large         free small-arena chunks are released before the large arena

@@ -22,8 +22,14 @@
 // pinned while it may still map them, and retry_quarantine() (on the next
 // growth, on release_cached()) and close() retry what is left.
 //
+// A cached block's first piece may start elsewhere in its first chunk, over bytes
+// the block maps already (first_start(), slide(), and repair() where that leaves
+// fewer chunks to replace): its pointer and capacity change, its mapping does not.
+//
 // All member functions are noexcept; those that can fail say so by value and leave
-// the pool as it was (apart from a quarantine). Pre for every call: the caller holds the allocator's lock.
+// the pool as it was (apart from a quarantine, and a cached block whose first piece
+// moved: it keeps its new start). Pre for every call: the caller holds the
+// allocator's lock.
 #pragma once
 
 #include <cstddef>
@@ -215,9 +221,10 @@ class stitch_pool {
     return nullptr;
   }
 
-  /// S1 on the cache, slid: of the `scan` smallest cached blocks of at least `size`
+  /// S1 on the cache, moved: of the `scan` smallest cached blocks of at least `size`
   /// bytes, the first that can be claimed once its first piece starts where
-  /// first_start() says, or nullptr. The block keeps its moved first piece.
+  /// first_start() says, or nullptr. The block keeps its new start (also if the claim
+  /// then fails for want of memory: it stays cached).
   [[nodiscard]] stitch_block* slide(std::size_t size, std::size_t requested, std::uint32_t s, std::size_t scan,
                                     std::size_t alignment = block_alignment) noexcept {
     auto it = cache_.lower_bound(size, stitch_capacity_less{});
@@ -460,6 +467,13 @@ class stitch_pool {
   [[nodiscard]] bool check(std::size_t& live) const noexcept {
     std::size_t cached = 0, cached_bytes = 0;
     for (const stitch_block& b : by_pointer_) {
+      std::size_t sum = 0;
+      for (std::size_t i = 0; i < b.pieces.size(); ++i) {  // disjoint: no byte handed out twice
+        sum += b.pieces[i].size;
+        for (std::size_t j = 0; j < i; ++j)
+          if (b.pieces[i].addr < b.pieces[j].end() && b.pieces[j].addr < b.pieces[i].end()) return false;
+      }
+      if (sum != b.capacity) return false;
       if (b.in_use) {
         ++live;
         std::size_t sum = 0;
@@ -522,7 +536,8 @@ class stitch_pool {
   enum class swap_result { done, undone, no_access, broken };
 
   /// Of the `scan` smallest cached blocks of at least `size` bytes (pointer aligned
-  /// to `alignment`), the one whose first `size` bytes have the fewest chunks that
+  /// to `alignment`, as it is or once its first piece moves: first_start(), the plan
+  /// saying where it starts), the one whose first `size` bytes have the fewest chunks that
   /// cannot be claimed on stream s (at most `max_chunks`), whose work before its free
   /// is done, and that `accept(block, plan)` takes; its plan in `best`. Its old
   /// mappings would change now, not in stream order: hence only once that work is
@@ -531,31 +546,33 @@ class stitch_pool {
   stitch_block* fewest_blocked(std::size_t size, std::uint32_t s, std::size_t scan, std::size_t alignment,
                                std::size_t max_chunks, repair_plan& best, Accept accept) noexcept {
     max_chunks = std::min(max_chunks, repair_max);
-    repair_plan cur;
+    repair_plan cur, moved;
     stitch_block* chosen = nullptr;
     auto it = cache_.lower_bound(size, stitch_capacity_less{});
     for (std::size_t n = 0; it != cache_.end() && n < scan; ++it, ++n) {
       stitch_block& b = *it;
+      // Its plan as it is, and with its first piece where first_start() says: the one
+      // with fewer chunks to replace first, the other if accept() refuses that one.
       stitch_piece& first = b.pieces.front();
       const stitch_piece was = first;
-      const std::uintptr_t at = first_start(b, size, s, alignment);
-      std::size_t k = b.pointer % alignment == 0 ? blocked_in(b, size, s, max_chunks, cur) : 0;
+      std::array<std::size_t, 2> k{b.pointer % alignment == 0 ? blocked_in(b, size, s, max_chunks, cur) : 0, 0};
       cur.first = was.addr;
-      if (at != was.addr) {  // where it could start instead, if that leaves fewer to replace
-        repair_plan moved;
+      if (const std::uintptr_t at = first_start(b, size, s, alignment); at != was.addr) {
         first = {at, was.end() - at};
-        const std::size_t j = blocked_in(b, size, s, max_chunks, moved);
+        k[1] = blocked_in(b, size, s, max_chunks, moved);
         first = was;
-        if (j != 0 && (k == 0 || j < k)) {
-          k = j;
-          cur = moved;
-          cur.first = at;
-        }
+        moved.first = at;
       }
-      if (k == 0 || (chosen != nullptr && k >= best.count)) continue;
-      if (!streams_.done_now(b.tag) || !accept(b, cur)) continue;
-      chosen = &b;
-      best = cur;
+      if ((k[0] == 0 && k[1] == 0) || !streams_.done_now(b.tag)) continue;
+      const bool moved_first = k[1] != 0 && (k[0] == 0 || k[1] < k[0]);
+      for (const bool m : {moved_first, !moved_first}) {
+        const std::size_t count = k[m ? 1 : 0];
+        repair_plan& plan = m ? moved : cur;
+        if (count == 0 || (chosen != nullptr && count >= best.count) || !accept(b, plan)) continue;
+        chosen = &b;
+        best = plan;
+        break;
+      }
     }
     return chosen;
   }
@@ -713,22 +730,28 @@ class stitch_pool {
 
   /// Where cached block b's first piece can start for a request of `size` bytes on
   /// stream s, within the piece's first chunk, with the pointer aligned to
-  /// `alignment` and the block left at least `size` bytes: on at the start of the
-  /// free range that holds the piece's last byte (usable there), if bytes at its
-  /// start were taken; back towards that range's start by what the request lacks, if
-  /// bytes at its end were; else where it starts now. A block maps its first piece's
-  /// chunks whole, so the bytes before that piece are mapped already: its start
-  /// moves over them with no driver call, and the request needs more or fewer bytes
-  /// of the later pieces. This is what a layer loop needs whose live bytes drift:
-  /// each layer's free bytes start a little earlier (or later) than the last one's,
-  /// and end as much earlier.
+  /// `alignment` and at least `size` bytes left in the block. Let F be the free range
+  /// (usable on s) that holds the piece's last byte. Bytes at the piece's start taken
+  /// since (F starts after it): the piece starts where F does. Bytes taken further on
+  /// (F starts before it): the piece starts earlier, by what the request lacks, but
+  /// not before F, nor over another piece of b in that chunk. Else, or if F is not
+  /// free: where it starts now. A block maps its first piece's chunks whole, so the
+  /// bytes before that piece are mapped in it already: moving the start makes no
+  /// driver call, and the request then needs more or fewer bytes of the later pieces.
+  /// This is what a layer loop needs whose live bytes drift: each layer's free bytes
+  /// start and end a little earlier (or later) than the last one's.
   [[nodiscard]] std::uintptr_t first_start(const stitch_block& b, std::size_t size, std::uint32_t s,
                                            std::size_t alignment) const noexcept {
     const stitch_piece& p = b.pieces.front();
     const range& r = large_.holding(p.end() - 1);
     if (!slide_ || !r.is_free() || !streams_.usable(r.tag, s)) return p.addr;
     const std::uintptr_t floor = large_.chunk_floor(p.addr);
-    std::uintptr_t at = floor + round_up(std::max(r.addr, floor) - floor, alignment);
+    std::uintptr_t at = std::max(r.addr, floor);
+    if (at < p.addr) {
+      for (std::size_t i = 1; i < b.pieces.size(); ++i)  // the last piece may end in this chunk
+        if (b.pieces[i].addr < p.addr && b.pieces[i].end() > at) at = b.pieces[i].end();
+    }
+    at = floor + round_up(at - floor, alignment);
     if (at == p.addr || at >= large_.chunk_end(p.addr) || at >= p.end() || b.capacity + p.addr - at < size)
       return p.addr;
     if (at < p.addr) {  // back by no more than the request lacks
@@ -755,16 +778,17 @@ class stitch_pool {
 
   /// Cached block b's first piece starts at `at` (first_start()): its capacity and
   /// pointer change, and with them its place in the cache and the pointer index. Its
-  /// mapping and the chunks it pins do not.
+  /// mapping, the chunks it pins and its place in the LRU do not.
   void move_first(stitch_block& b, std::uintptr_t at) noexcept {
     stitch_piece& p = b.pieces.front();
-    uncache(b);
+    cache_.erase(cache_.iterator_to(b));
     by_pointer_.erase(by_pointer_.iterator_to(b));
     b.capacity = b.capacity + p.addr - at;
     b.pointer = b.pointer + at - p.addr;
     p = {at, p.end() - at};
-    by_pointer_.insert(b);
-    cache(b);
+    cache_.insert(b);
+    [[maybe_unused]] const bool fresh = by_pointer_.insert(b).second;
+    GMLAKE_ASSERT(fresh, "a moved block's pointer is another block's");
   }
 
   /// Bytes of the chunks that hold piece p (what a stitch maps for it).
