@@ -305,7 +305,17 @@ allocations after i 4 of gmlake equal the host replay's on every trace. gmlake r
 more than the best peer on 16 of the 17 traces (synth-moe: 7.60 GB against
 `cudaMallocAsync`'s 7.58). Measured driver time is above 1 ms on gpt2l-fsdp-dyn (1134
 us), llama-small-lora-ckpt (1624) and llama1b-generate (1601). gmlake's ns/op after i 4
-is at or below PyTorch default's on all 17 (llama-small-lora-ckpt 623 against 664).
+is at or below PyTorch default's on all 17 (llama-small-lora-ckpt 623 against 664). The
+same job once more on the build after review (commit 5041e74: a start moved back stops
+at another piece of the block; no replay figure changes), on another H100 instance
+later that day (`bench/results/h100-gpu-job-5041e74.txt`,
+`bench/results/h100-replay-5041e74.jsonl`): GPU tests 16/16 plainly and under memcheck
+with 0 errors, example, plugin, torch 12/12; peaks, fragmentation and device
+allocations again the host replay's on all 17; driver time above 1 ms on
+llama-small-lora-ckpt (1722 us) and llama1b-generate (1210), gpt2l-fsdp-dyn 951; gmlake's
+ns/op above PyTorch default's on llama-small-lora-ckpt (652 against 624) and
+synth-mixed (409 against 379), where that instance's PyTorch default ran faster than
+the first's (624 against 664, 379 against 665).
 """, "h100-replay-10b28df.jsonl"),
     ("On the H100: the build of commit ec599a9",
      """The same command on the build of commit ec599a9 (a growth that one
