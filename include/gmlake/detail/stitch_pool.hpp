@@ -467,13 +467,13 @@ class stitch_pool {
   [[nodiscard]] bool check(std::size_t& live) const noexcept {
     std::size_t cached = 0, cached_bytes = 0;
     for (const stitch_block& b : by_pointer_) {
-      std::size_t sum = 0;
+      std::size_t capacity = 0;
       for (std::size_t i = 0; i < b.pieces.size(); ++i) {  // disjoint: no byte handed out twice
-        sum += b.pieces[i].size;
+        capacity += b.pieces[i].size;
         for (std::size_t j = 0; j < i; ++j)
           if (b.pieces[i].addr < b.pieces[j].end() && b.pieces[j].addr < b.pieces[i].end()) return false;
       }
-      if (sum != b.capacity) return false;
+      if (capacity != b.capacity) return false;
       if (b.in_use) {
         ++live;
         std::size_t sum = 0;
