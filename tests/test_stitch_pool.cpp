@@ -297,6 +297,13 @@ TEST_CASE("stitch pool: repair by several smaller chunks; not at a piece's edge"
 
 namespace {
 
+/// Takes arena bytes [at, at + n), free now: a used range, to release later.
+template <class Bench>
+detail::range& taken(Bench& b, std::uintptr_t at, std::size_t n) {
+  REQUIRE(b.nodes.reserve(2));
+  return b.large.carve(b.large.holding(at), at, n);
+}
+
 /// A cached block over chunks 0 and 2, its first piece from `head` bytes into chunk 0
 /// (so the bytes before it are mapped in the block too), claimed once at `size`.
 detail::stitch_block* headed(bench& b, std::size_t head, std::size_t size) {
@@ -314,8 +321,7 @@ TEST_CASE("stitch pool: slide: a block whose end was taken starts earlier in its
   bench b;
   detail::stitch_block* x = headed(b, 2 * S, 2 * K - 2 * S);
   const std::uintptr_t pointer = x->pointer;
-  REQUIRE(b.nodes.reserve(2));
-  detail::range& last = b.large.carve(b.large.holding(b.base + 2 * K + 3 * S), b.base + 2 * K + 3 * S, S);
+  detail::range& last = taken(b, b.base + 2 * K + 3 * S, S);
   CHECK(b.pool.reuse(2 * K - 2 * S, 2 * K - 2 * S, 0, 8) == nullptr);  // its last slot is taken
   const auto before = all_calls(b);
   REQUIRE(b.pool.slide(2 * K - 2 * S, 2 * K - 2 * S, 0, 8) == x);
@@ -342,8 +348,7 @@ TEST_CASE("stitch pool: slide: a block whose first bytes were taken starts later
   bench b;
   detail::stitch_block* x = headed(b, S, 2 * K - 2 * S);
   const std::uintptr_t pointer = x->pointer;
-  REQUIRE(b.nodes.reserve(2));
-  detail::range& first = b.large.carve(b.large.holding(b.base + S), b.base + S, S);
+  detail::range& first = taken(b, b.base + S, S);
   CHECK(b.pool.reuse(2 * K - 2 * S, 2 * K - 2 * S, 0, 8) == nullptr);
   CHECK(b.pool.slide(2 * K - S, 2 * K - S, 0, 8) == nullptr);  // would need more than it holds
   CHECK(x->pointer == pointer);
@@ -364,16 +369,14 @@ TEST_CASE("stitch pool: a start moved back stops at another piece of the block i
   // chunk 0 and chunk 1's first slot (a stitch may end in its first piece's chunk).
   // Once the used slot between them is free, one free range holds both.
   bench b;
-  REQUIRE(b.nodes.reserve(8));
-  detail::range& gap = b.large.carve(b.large.holding(b.base + K + S), b.base + K + S, S);
+  detail::range& gap = taken(b, b.base + K + S, S);
   const detail::stitch_piece pieces[] = {{b.base + K + 2 * S, 2 * K - 2 * S}, {b.base + 4 * K, 2 * K}, {b.base, K + S}};
   detail::stitch_block* x = b.pool.build(pieces);
   REQUIRE(x != nullptr);
   REQUIRE(b.pool.claim(*x, x->capacity, x->capacity, 0));
   b.pool.release(*x, b.streams.on_free(0));
   b.large.release(gap, b.streams.on_free(0));
-  REQUIRE(b.nodes.reserve(8));
-  detail::range& tail = b.large.carve(b.large.holding(b.base + 6 * K - S), b.base + 6 * K - S, S);
+  detail::range& tail = taken(b, b.base + 6 * K - S, S);
   SUBCASE("the request lacks more than the slot between them: not moved") {
     CHECK(b.pool.slide(4 * K - S, 4 * K - S, 0, 8) == nullptr);
     CHECK(x->pieces[0].addr == b.base + K + 2 * S);
@@ -396,14 +399,13 @@ TEST_CASE("stitch pool: slide off, or no free bytes before the piece: the block 
   bench b;
   detail::stitch_block* x = headed(b, 2 * S, 2 * K - 2 * S);
   const std::uintptr_t pointer = x->pointer;
-  REQUIRE(b.nodes.reserve(4));
-  detail::range& last = b.large.carve(b.large.holding(b.base + 2 * K + 3 * S), b.base + 2 * K + 3 * S, S);
+  detail::range& last = taken(b, b.base + 2 * K + 3 * S, S);
   SUBCASE("off") {
     b.pool.set_slide(false);
     CHECK(b.pool.slide(2 * K - 2 * S, 2 * K - 2 * S, 0, 8) == nullptr);
   }
   SUBCASE("the slot before the piece taken") {
-    detail::range& before = b.large.carve(b.large.holding(b.base + S), b.base + S, S);
+    detail::range& before = taken(b, b.base + S, S);
     CHECK(b.pool.slide(2 * K - 2 * S, 2 * K - 2 * S, 0, 8) == nullptr);
     b.large.release(before, b.streams.on_free(0));
   }
@@ -414,6 +416,39 @@ TEST_CASE("stitch pool: slide off, or no free bytes before the piece: the block 
   CHECK(b.sound());
 }
 
+namespace {
+
+/// A cached block over chunks 0 (from its third slot), 2, 4 and 6, claimed whole
+/// once; then a slot inside chunk 2 and chunk 6's last slot taken. Whole, it needs
+/// both replaced; from chunk 0's start, only chunk 2.
+template <class Bench>
+struct two_taken {
+  Bench& b;
+  detail::stitch_block* x = nullptr;
+  std::size_t size = 0;
+  std::uintptr_t pointer = 0;
+  detail::range* inner = nullptr;
+  detail::range* end = nullptr;
+  explicit two_taken(Bench& bb) : b(bb) {
+    const detail::stitch_piece pieces[] = {
+        {b.base + 2 * S, K - 2 * S}, {b.base + 2 * K, K}, {b.base + 4 * K, K}, {b.base + 6 * K, K}};
+    x = b.pool.build(pieces);
+    REQUIRE(x != nullptr);
+    size = x->capacity;
+    REQUIRE(b.pool.claim(*x, size, size, 0));
+    b.pool.release(*x, b.streams.on_free(0));
+    pointer = x->pointer;
+    inner = &taken(b, b.base + 2 * K + S, S);
+    end = &taken(b, b.base + 6 * K + 3 * S, S);
+  }
+  void give_back() {
+    b.large.release(*inner, b.streams.on_free(0));
+    b.large.release(*end, b.streams.on_free(0));
+  }
+};
+
+} // namespace
+
 TEST_CASE("stitch pool: repair from an earlier start, where that leaves fewer chunks to replace") {
   bench b;
   bool slide = true;
@@ -422,17 +457,10 @@ TEST_CASE("stitch pool: repair from an earlier start, where that leaves fewer ch
     slide = false;
     b.pool.set_slide(false);
   }
-  const detail::stitch_piece pieces[] = {
-      {b.base + 2 * S, K - 2 * S}, {b.base + 2 * K, K}, {b.base + 4 * K, K}, {b.base + 6 * K, K}};
-  detail::stitch_block* x = b.pool.build(pieces);
-  REQUIRE(x != nullptr);
-  const std::size_t size = x->capacity;
-  REQUIRE(b.pool.claim(*x, size, size, 0));
-  b.pool.release(*x, b.streams.on_free(0));
-  const std::uintptr_t pointer = x->pointer;
-  REQUIRE(b.nodes.reserve(4));
-  detail::range& inner = b.large.carve(b.large.holding(b.base + 2 * K + S), b.base + 2 * K + S, S);
-  detail::range& end = b.large.carve(b.large.holding(b.base + 6 * K + 3 * S), b.base + 6 * K + 3 * S, S);
+  two_taken t(b);
+  detail::stitch_block* x = t.x;
+  const std::size_t size = t.size;
+  const std::uintptr_t pointer = t.pointer;
   CHECK(b.pool.slide(size, size, 0, 8) == nullptr);  // chunk 2 is taken inside
   const auto maps = calls(b, call::map), unmaps = calls(b, call::unmap);
   REQUIRE(b.pool.repair(size, size, 0, 8, 512, 4) == x);
@@ -450,24 +478,16 @@ TEST_CASE("stitch pool: repair from an earlier start, where that leaves fewer ch
   }
   CHECK(b.sound());
   b.pool.release(*x, b.streams.on_free(0));
-  b.large.release(inner, b.streams.on_free(0));
-  b.large.release(end, b.streams.on_free(0));
+  t.give_back();
   CHECK(b.sound());
 }
 
 TEST_CASE("stitch pool: a repair from an earlier start whose map fails is undone: cached, moved, sound") {
   basic_bench<gmlake::backend::fault_injecting<simulated>> b;
-  const detail::stitch_piece pieces[] = {
-      {b.base + 2 * S, K - 2 * S}, {b.base + 2 * K, K}, {b.base + 4 * K, K}, {b.base + 6 * K, K}};
-  detail::stitch_block* x = b.pool.build(pieces);
-  REQUIRE(x != nullptr);
-  const std::size_t size = x->capacity;
-  REQUIRE(b.pool.claim(*x, size, size, 0));
-  b.pool.release(*x, b.streams.on_free(0));
-  const std::uintptr_t pointer = x->pointer;
-  REQUIRE(b.nodes.reserve(4));
-  detail::range& inner = b.large.carve(b.large.holding(b.base + 2 * K + S), b.base + 2 * K + S, S);
-  detail::range& end = b.large.carve(b.large.holding(b.base + 6 * K + 3 * S), b.base + 6 * K + 3 * S, S);
+  two_taken t(b);
+  detail::stitch_block* x = t.x;
+  const std::size_t size = t.size;
+  const std::uintptr_t pointer = t.pointer;
   b.backend.reset_counts();
   b.backend.fail_at(gmlake::backend::fault::map, 1);  // the replacement's map
   CHECK(b.pool.repair(size, size, 0, 8, 512, 4) == nullptr);
@@ -483,8 +503,7 @@ TEST_CASE("stitch pool: a repair from an earlier start whose map fails is undone
   CHECK(x->pointer == pointer - 2 * S);
   CHECK(b.sound());
   b.pool.release(*x, b.streams.on_free(0));
-  b.large.release(inner, b.streams.on_free(0));
-  b.large.release(end, b.streams.on_free(0));
+  t.give_back();
   CHECK(b.sound());
 }
 
