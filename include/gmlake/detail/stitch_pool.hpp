@@ -231,12 +231,7 @@ class stitch_pool {
     for (std::size_t n = 0; it != cache_.end() && n < scan; ++it, ++n) {
       stitch_block& b = *it;
       const std::uintptr_t at = first_start(b, size, s, alignment);
-      const stitch_piece was = b.pieces.front();
-      if (at == was.addr) continue;
-      b.pieces.front() = {at, was.end() - at};
-      const bool ok = claimable(b, size, s) != 0;
-      b.pieces.front() = was;
-      if (!ok) continue;
+      if (at == b.pieces.front().addr || !with_first_at(b, at, [&] { return claimable(b, size, s) != 0; })) continue;
       move_first(b, at);
       return claim(b, size, requested, s) ? &b : nullptr;  // else it stays cached, moved
     }
@@ -553,14 +548,10 @@ class stitch_pool {
       stitch_block& b = *it;
       // Its plan as it is, and with its first piece where first_start() says: the one
       // with fewer chunks to replace first, the other if accept() refuses that one.
-      stitch_piece& first = b.pieces.front();
-      const stitch_piece was = first;
       std::array<std::size_t, 2> k{b.pointer % alignment == 0 ? blocked_in(b, size, s, max_chunks, cur) : 0, 0};
-      cur.first = was.addr;
-      if (const std::uintptr_t at = first_start(b, size, s, alignment); at != was.addr) {
-        first = {at, was.end() - at};
-        k[1] = blocked_in(b, size, s, max_chunks, moved);
-        first = was;
+      cur.first = b.pieces.front().addr;
+      if (const std::uintptr_t at = first_start(b, size, s, alignment); at != cur.first) {
+        k[1] = with_first_at(b, at, [&] { return blocked_in(b, size, s, max_chunks, moved); });
         moved.first = at;
       }
       if ((k[0] == 0 && k[1] == 0) || !streams_.done_now(b.tag)) continue;
@@ -714,18 +705,41 @@ class stitch_pool {
     }
   }
 
+  /// The bytes from b's pointer that are free and usable on stream s, counted until
+  /// they reach `size` or one is not, and how many of b's pieces hold them.
+  struct free_prefix {
+    std::size_t bytes = 0, pieces = 0;
+  };
+  [[nodiscard]] free_prefix prefix(const stitch_block& b, std::size_t size, std::uint32_t s) const noexcept {
+    free_prefix out;
+    for (const auto& p : b.pieces) {
+      if (out.bytes >= size) break;
+      const range& r = large_.holding(p.addr);
+      if (!r.is_free() || !streams_.usable(r.tag, s)) break;
+      const std::size_t len = std::min(p.size, static_cast<std::size_t>(r.end() - p.addr));
+      out.bytes += len;
+      ++out.pieces;
+      if (len < p.size) break;
+    }
+    return out;
+  }
+
   /// How many of b's pieces hold its first `size` bytes, if those are all free and
   /// usable on stream s; 0 if not.
-  [[nodiscard]] std::size_t claimable(const stitch_block& b, std::size_t size, std::uint32_t s) noexcept {
-    std::size_t left = size, k = 0;
-    for (; left > 0 && k < b.pieces.size(); ++k) {
-      const auto& p = b.pieces[k];
-      const std::size_t len = left < p.size ? left : p.size;
-      const range& r = large_.holding(p.addr);
-      if (!r.is_free() || p.addr + len > r.end() || !streams_.usable(r.tag, s)) return 0;
-      left -= len;
-    }
-    return left > 0 ? 0 : k;
+  [[nodiscard]] std::size_t claimable(const stitch_block& b, std::size_t size, std::uint32_t s) const noexcept {
+    const free_prefix f = prefix(b, size, s);
+    return size != 0 && f.bytes >= size ? f.pieces : 0;
+  }
+
+  /// f(), with b's first piece starting at `at` meanwhile; b is as it was after.
+  template <class F>
+  auto with_first_at(stitch_block& b, std::uintptr_t at, F&& f) noexcept {
+    stitch_piece& first = b.pieces.front();
+    const stitch_piece was = first;
+    first = {at, was.end() - at};
+    const auto result = f();
+    first = was;
+    return result;
   }
 
   /// Where cached block b's first piece can start for a request of `size` bytes on
@@ -755,25 +769,11 @@ class stitch_pool {
     if (at == p.addr || at >= large_.chunk_end(p.addr) || at >= p.end() || b.capacity + p.addr - at < size)
       return p.addr;
     if (at < p.addr) {  // back by no more than the request lacks
-      const std::size_t got = claimable_prefix(b, size, s);
+      const std::size_t got = prefix(b, size, s).bytes;
       if (got >= size) return p.addr;
       at = p.addr - std::min(p.addr - at, round_up(size - got, alignment));
     }
     return (b.va + (at - floor)) % alignment == 0 ? at : p.addr;
-  }
-
-  /// Bytes from b's pointer that can be claimed on stream s, up to about `size`.
-  [[nodiscard]] std::size_t claimable_prefix(const stitch_block& b, std::size_t size, std::uint32_t s) const noexcept {
-    std::size_t got = 0;
-    for (const auto& p : b.pieces) {
-      if (got >= size) break;
-      const range& r = large_.holding(p.addr);
-      if (!r.is_free() || !streams_.usable(r.tag, s)) break;
-      const std::size_t len = std::min(p.size, static_cast<std::size_t>(r.end() - p.addr));
-      got += len;
-      if (len < p.size) break;
-    }
-    return got;
   }
 
   /// Cached block b's first piece starts at `at` (first_start()): its capacity and
