@@ -51,16 +51,8 @@ static_assert(StitchPolicy<no_stitch>);
 
 /// No stitching, but growth extends a free range at its end (or start) by the
 /// shortfall only: PyTorch's expandable segments on one address range.
-struct expand_only {
-  growth_rules grow = exact_growth;
-
-  bool stitches(std::size_t) const noexcept { return false; }
-  std::size_t max_pieces() const noexcept { return 0; }
-  std::size_t select(std::span<stitch_candidate>, std::size_t) const noexcept { return 0; }
-  std::size_t edge_min() const noexcept { return 0; }
+struct expand_only : no_stitch {
   bool create_shortfall() const noexcept { return true; }
-  growth_plan growth(const growth_view& v) const noexcept { return grow.plan(v); }
-  lending lends() const noexcept { return grow.lends; }
 };
 static_assert(StitchPolicy<expand_only>);
 
