@@ -50,7 +50,7 @@ CONFIGS = ["gmlake", "bfc", "expandable", "gmlake-paper", "largest-first"] + lis
 # for more memory reserved, and settled growth off. Each is replayed with
 # `--config gmlake --settings TEXT`.
 SETTINGS = ["settle_window:0", "max_chunk_mib:64", "max_chunk_mib:128", "stitch_edges_mib:0",
-            "stitch_edges_mib:0,max_chunk_mib:128,big_chunk_mib:512", "big_growth_mib:256,big_chunk_mib:128",
+            "stitch_edges_mib:0,max_chunk_mib:128,big_chunk_mib:512", "big_growth_mib:256,big_chunk_mib:64",
             "borrow_max_mib:0"]
 PEERS = [("torch-default", "PyTorch default"), ("torch-expandable", "PyTorch expandable_segments"),
          ("cudaMallocAsync", "cudaMallocAsync pool")]
@@ -161,8 +161,8 @@ def settings_section(replay, traces, default, best_peer):
              "([docs/design.md](design.md), \"Settled growth\"). `borrow_max_mib:0` turns borrowing off: the",
              "small arena then grows past the peak where it could have mapped a free chunk of the large one",
              "([docs/design.md](design.md), \"Borrowing a chunk between the arenas\").",
-             "`big_growth_mib:256,big_chunk_mib:128` cuts every growth of 256 MiB or more into chunks of up",
-             "to 128 MiB (by default: 768 MiB or more, into chunks of up to 256 MiB): of these choices, the",
+             "`big_growth_mib:256,big_chunk_mib:64` cuts every growth of 256 MiB or more into chunks of up",
+             "to 64 MiB (by default: 768 MiB or more, into chunks of up to 256 MiB): of these choices, the",
              "one that keeps every trace below 1 ms with the least fragmentation.", "",
              "| settings | mean frag | traces above 1% | above the best H200 peer | mean driver us/iter | "
              "traces above 1 ms |", "|---|---|---|---|---|---|"]
