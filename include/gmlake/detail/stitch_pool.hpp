@@ -227,6 +227,7 @@ class stitch_pool {
   /// then fails for want of memory: it stays cached).
   [[nodiscard]] stitch_block* slide(std::size_t size, std::size_t requested, std::uint32_t s, std::size_t scan,
                                     std::size_t alignment = block_alignment) noexcept {
+    if (!slide_) return nullptr;  // no block moves: reuse() has tried them all as they are
     auto it = cache_.lower_bound(size, stitch_capacity_less{});
     for (std::size_t n = 0; it != cache_.end() && n < scan; ++it, ++n) {
       stitch_block& b = *it;
