@@ -293,31 +293,35 @@ builds, so its differences are the run-to-run variation of measured time
 # Full tables of other runs (every allocator), shown after the main one: title, text, file.
 TABLES = [
     ("On the H100: the current build",
-     """The same command on the current build (commit ca87a5d's allocator: a cached stitched
-block's first piece may start elsewhere in its first chunk), on an NVIDIA H100 80GB HBM3
+     """The same command on the current build (commit ae1f281), on an NVIDIA H100 80GB HBM3
 (driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130) on 2026-12-07, where an H200 was asked
 for; every other figure of this run is that machine's. One call: `GMLAKE_BIN=... bash
 .ci/gpu OUT TRACES` (the 17 traces; GPU tests 16/16, 28,330 assertions, plainly and under
 memcheck with 0 errors, example, plugin, torch 12/12:
-`bench/results/h100-gpu-job-ca87a5d.txt`; the table:
-`bench/results/h100-replay-ca87a5d.jsonl`). Peak reserved, fragmentation and device
+`bench/results/h100-gpu-job-ae1f281.txt`; the table:
+`bench/results/h100-replay-ae1f281.jsonl`). Peak reserved, fragmentation and device
 allocations after i 4 of gmlake equal the host replay's on every trace. gmlake reserves no
 more than the best peer on 16 of the 17 traces (synth-moe: 7.60 GB against
 `cudaMallocAsync`'s 7.58). Measured driver time is above 1 ms on llama-small-lora-ckpt
-(1215 us) and llama1b-generate (1136). gmlake's ns/op after i 4 is above PyTorch default's
-on gpt2s-dynseq (604 against 448), llama-small-lora-ckpt (435 against 391) and synth-mixed
-(382 against 360): on this instance the default ran faster than on the two before (gpt2s-dynseq
-819 and 769, llama-small-lora-ckpt 664 and 624), while gmlake's ns/op there is set by its
-driver time. The same allocator's two earlier runs that day, on other H100 instances
-(commit 10b28df, and 5041e74 after review; the later commits move code without changing
-a replay figure): `bench/results/h100-gpu-job-10b28df.txt` and
-`bench/results/h100-replay-10b28df.jsonl` (driver time above 1 ms on gpt2l-fsdp-dyn 1134 us,
-llama-small-lora-ckpt 1624, llama1b-generate 1601; ns/op at or below the default's on all
-17), `bench/results/h100-gpu-job-5041e74.txt` and `bench/results/h100-replay-5041e74.jsonl`
+(1694 us) and llama1b-generate (1533); `cuMemSetAccess` is most of it (1377 and 1010 us
+per iteration: the replay's per-call breakdown, `bench/results/h100-replay-ae1f281.err`).
+gmlake's ns/op after i 4 is above PyTorch default's on llama-small-lora-ckpt (649 against
+585) and moe-small-dynseq (473 against 465). This instance was slower than the one before
+for 61 of the 68 allocator-trace pairs. The same allocator's three earlier runs that day,
+on other H100 instances (commit 10b28df; 5041e74 after review; ca87a5d, its pool code
+merged into shared helpers; the later commits change no replay figure):
+`bench/results/h100-gpu-job-10b28df.txt` and `bench/results/h100-replay-10b28df.jsonl`
+(driver time above 1 ms on gpt2l-fsdp-dyn 1134 us, llama-small-lora-ckpt 1624,
+llama1b-generate 1601; ns/op at or below the default's on all 17),
+`bench/results/h100-gpu-job-5041e74.txt` and `bench/results/h100-replay-5041e74.jsonl`
 (above 1 ms on llama-small-lora-ckpt 1722 and llama1b-generate 1210; ns/op above the
-default's on llama-small-lora-ckpt, 652 against 624, and synth-mixed, 409 against 379);
-in each, the same tests passed and gmlake's peaks equal the host replay's.
-""", "h100-replay-ca87a5d.jsonl"),
+default's on llama-small-lora-ckpt, 652 against 624, and synth-mixed, 409 against 379),
+`bench/results/h100-gpu-job-ca87a5d.txt` and `bench/results/h100-replay-ca87a5d.jsonl`
+(above 1 ms on llama-small-lora-ckpt 1215 and llama1b-generate 1136; ns/op above the
+default's on gpt2s-dynseq, 604 against 448, llama-small-lora-ckpt, 435 against 391, and
+synth-mixed, 382 against 360); in each, the same tests passed and gmlake's peaks equal the
+host replay's.
+""", "h100-replay-ae1f281.jsonl"),
     ("On the H100: the build of commit ec599a9",
      """The same command on the build of commit ec599a9 (a growth that one
 request fills is one chunk once the job has settled or when it is big), on an NVIDIA H100
