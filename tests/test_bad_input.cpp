@@ -189,7 +189,8 @@ TEST_CASE("bad input: alignment not a power of two, or above the chunk size") {
   }
   CHECK(a.stats().allocations.current == 0);
   CHECK(a.stats().reserved_bytes.current == 0);
-  // The largest valid alignment is the chunk size.
+  // The largest valid alignment is the chunk size (here max_alignment()).
+  CHECK(a.max_alignment() == C);
   void* p = a.allocate(100, {}, C);
   CHECK(reinterpret_cast<std::uintptr_t>(p) % C == 0);
   void* q = a.allocate(3 * C, {}, C);
@@ -202,6 +203,57 @@ TEST_CASE("bad input: alignment not a power of two, or above the chunk size") {
   CHECK(misuses == 0);
   gmlake_test::check_released(a);
   gmlake_test::check_released(mr.allocator());
+}
+
+TEST_CASE("bad input: alignment above max_alignment() with a chunk that is not a power of two") {
+  misuses = 0;
+  gmlake::options o = hooked();
+  o.chunk_size = 3 * C;  // slot boundaries 3C apart: only every other one is 2C-aligned
+  memfd_alloc a(host_memfd(cap, C), o);
+  CHECK(a.chunk_size() == 3 * C);
+  CHECK(a.max_alignment() == C);
+  CHECK(a.try_allocate(3 * C, {}, 2 * C) == nullptr);
+  CHECK(a.try_allocate(100, {}, 4 * C) == nullptr);
+  gmlake::memory_resource mr(a);
+  CHECK_THROWS_AS((void)mr.allocate(3 * C, 2 * C), gmlake::bad_alignment);
+  // Up to max_alignment(), every block is aligned, lies in its own bytes and keeps its data,
+  // each one placed in new chunks (growth).
+  std::vector<void*> live;
+  for (int i = 0; i < 6; ++i) {
+    void* p = mr.allocate(3 * C, C);
+    CHECK(reinterpret_cast<std::uintptr_t>(p) % C == 0);
+    fill(p, 3 * C, static_cast<unsigned char>(i + 1));
+    REQUIRE(a.check_invariants());
+    live.push_back(p);
+  }
+  for (int i = 0; i < 6; ++i) CHECK(holds(live[static_cast<std::size_t>(i)], 3 * C, static_cast<unsigned char>(i + 1)));
+  for (void* p : live) mr.deallocate(p, 3 * C, C);
+  CHECK(misuses == 0);
+  gmlake_test::check_released(a);
+}
+
+TEST_CASE("bad input: alignment above max_alignment() where address space is aligned to less than the chunk") {
+  misuses = 0;
+  simulated b(cap, C);
+  const auto shift = b.reserve(C);  // the arenas' reservations now start at an odd multiple of C
+  REQUIRE(shift);
+  gmlake::options o = hooked();
+  o.chunk_size = 2 * C;
+  gmlake::gmlake_allocator<simulated> a(std::move(b), o);
+  CHECK(a.chunk_size() == 2 * C);
+  CHECK(a.max_alignment() == C);
+  CHECK(a.try_allocate(2 * C, {}, 2 * C) == nullptr);
+  std::vector<void*> live;
+  for (int i = 0; i < 4; ++i) {
+    void* p = a.try_allocate(2 * C, {}, C);
+    REQUIRE(p != nullptr);
+    CHECK(reinterpret_cast<std::uintptr_t>(p) % C == 0);
+    REQUIRE(a.check_invariants());
+    live.push_back(p);
+  }
+  for (void* p : live) a.deallocate(p);
+  CHECK(misuses == 0);
+  gmlake_test::check_released(a);
 }
 
 TEST_CASE("bad input: double free and foreign pointers, small, large and stitched") {

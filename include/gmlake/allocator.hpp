@@ -25,7 +25,7 @@
 //
 // Bad input, defined: 0 bytes is served as 1 byte (a distinct pointer); a request
 // larger than the backend's capacity fails at once (nullptr / out_of_memory);
-// an alignment that is not a power of two or exceeds chunk_size() gives
+// an alignment that is not a power of two or exceeds max_alignment() gives
 // nullptr (bad_alignment at the std::pmr edge); freeing a pointer that is not live
 // here (double or foreign free) changes nothing, counts in stats().invalid_frees
 // and calls options::on_misuse (default: abort with a message when GMLAKE_DEBUG >= 1),
@@ -124,6 +124,9 @@ class basic_allocator {
       small_.close();
       fail_open(e);
     }
+    // Every slot boundary of both arenas is a multiple of this: new chunks start at
+    // one, so growth serves any alignment up to it with no extra bytes.
+    max_alignment_ = std::min({lowest_bit(slot_), lowest_bit(small_.base()), lowest_bit(large_.base())});
   }
   basic_allocator() requires std::default_initializable<Backend> : basic_allocator(Backend{}) {}
   basic_allocator(const basic_allocator&) = delete;
@@ -291,6 +294,11 @@ class basic_allocator {
 
   /// The smallest chunk: chunk sizes, alignments and the arenas' slots are multiples of it.
   [[nodiscard]] std::size_t chunk_size() const noexcept { return slot_; }
+  /// The largest alignment served: the largest power of two that divides chunk_size()
+  /// and the start of the arenas' address space. chunk_size() itself where the chunk
+  /// is the backend's granularity (the default) or another power of two that the
+  /// reservations are aligned to; a chunk of 3 MiB serves alignments up to 1 MiB.
+  [[nodiscard]] std::size_t max_alignment() const noexcept { return max_alignment_; }
   /// The backend (for its own inspection and test hooks; do not allocate through it).
   [[nodiscard]] Backend& backend() noexcept { return backend_; }
   [[nodiscard]] const Backend& backend() const noexcept { return backend_; }
@@ -327,7 +335,7 @@ class basic_allocator {
   // ------------------------------------------------------------ allocate
 
   void* allocate_locked(std::size_t bytes, stream_type stream, std::size_t alignment) noexcept {
-    if (!std::has_single_bit(alignment) || alignment > slot_ || bytes > backend_.capacity()) {
+    if (!std::has_single_bit(alignment) || alignment > max_alignment_ || bytes > backend_.capacity()) {
       ++stats_.fit[static_cast<std::size_t>(fit_state::s5_oom)];
       ++stats_.num_ooms;
       return nullptr;
@@ -736,6 +744,7 @@ class basic_allocator {
   [[no_unique_address]] Evict evict_;
   [[no_unique_address]] Fit fit_;
   std::size_t slot_;
+  std::size_t max_alignment_ = 0;  // set once the arenas are open
   detail::settling settling_;  // is the job settled? (options::settle_window)
   bool capture_ = false;  // set_capture_mode
   misuse_report misused_;  // under the lock: the misuse deallocate() reports after it

@@ -13,7 +13,7 @@ namespace gmlake {
 /// An allocator with stream-ordered reuse: basic_allocator, or an adaptor over one
 /// (recording_allocator). `try_allocate(bytes, stream, alignment)` gives nullptr on
 /// failure, `allocate` throws out_of_memory or backend_error, `deallocate(p, bytes,
-/// stream)` never throws (bytes may be 0: unknown); `chunk_size()` bounds the
+/// stream)` never throws (bytes may be 0: unknown); `max_alignment()` bounds the
 /// alignments it serves; `stats()` is a snapshot of its statistics.
 template <class A>
 concept StreamAllocator = PhysicalBackend<typename A::backend_type> &&
@@ -23,6 +23,7 @@ concept StreamAllocator = PhysicalBackend<typename A::backend_type> &&
   { a.allocate(n, s, n) } -> std::same_as<void*>;
   { a.deallocate(p, n, s) } noexcept;
   { ca.chunk_size() } noexcept -> std::same_as<std::size_t>;
+  { ca.max_alignment() } noexcept -> std::same_as<std::size_t>;
   { ca.stats() } -> std::same_as<statistics>;
 };
 

@@ -66,7 +66,7 @@ class cuda_resource {
   // ------------------------------------------------------------ stream-ordered
 
   /// @brief `bytes` for use on `stream`, aligned to `alignment` (a power of two, at
-  ///        most the chunk size).
+  ///        most the allocator's max_alignment(): by default the chunk size).
   /// @throws out_of_memory, backend_error.
   [[nodiscard]] void* allocate(cuda::stream_ref stream, std::size_t bytes, std::size_t alignment) {
     return a_->allocate(bytes, stream.get(), alignment);

@@ -49,13 +49,13 @@ class out_of_memory : public std::bad_alloc {
 };
 
 /// Thrown at the std::pmr edge for an alignment that is not a power of two or
-/// is larger than the backend's chunk granularity.
+/// is larger than the allocator's max_alignment() (by default the chunk size).
 class bad_alignment : public std::bad_alloc {
  public:
   explicit bad_alignment(std::size_t alignment) noexcept : alignment_(alignment) {}
   [[nodiscard]] std::size_t alignment() const noexcept { return alignment_; }
   [[nodiscard]] const char* what() const noexcept override {
-    return "gmlake: alignment not a power of two or larger than the chunk granularity";
+    return "gmlake: alignment not a power of two or larger than the allocator's max_alignment()";
   }
 
  private:

@@ -15,7 +15,7 @@
 //    the simulated backend does not compile;
 //  - do_allocate throws out_of_memory (a std::bad_alloc) when the request cannot be
 //    served, backend_error on a driver failure, bad_alignment for an alignment that
-//    is not a power of two or is larger than the chunk size; do_deallocate throws
+//    is not a power of two or is larger than max_alignment(); do_deallocate throws
 //    nothing.
 #pragma once
 
@@ -52,7 +52,7 @@ class memory_resource final : public std::pmr::memory_resource {
 
  private:
   void* do_allocate(std::size_t bytes, std::size_t alignment) override {
-    if (!std::has_single_bit(alignment) || alignment > a_->chunk_size()) throw bad_alignment(alignment);
+    if (!std::has_single_bit(alignment) || alignment > a_->max_alignment()) throw bad_alignment(alignment);
     return a_->allocate(bytes, stream_, alignment);
   }
   void do_deallocate(void* p, std::size_t bytes, std::size_t) noexcept override {

@@ -189,6 +189,7 @@ class recording_allocator {
   }
 
   [[nodiscard]] std::size_t chunk_size() const noexcept { return a_->chunk_size(); }
+  [[nodiscard]] std::size_t max_alignment() const noexcept { return a_->max_alignment(); }
   [[nodiscard]] statistics stats() const { return a_->stats(); }
   std::size_t release_cached() noexcept { return a_->release_cached(); }
   [[nodiscard]] bool check_invariants() const { return a_->check_invariants(); }

@@ -149,6 +149,8 @@ class arena {
   // ------------------------------------------------------------ lookup
 
   [[nodiscard]] bool contains(std::uintptr_t p) const noexcept { return p - base_ < size_; }
+  /// The start of the arena's address space (its first slot).
+  [[nodiscard]] std::uintptr_t base() const noexcept { return base_; }
   [[nodiscard]] std::size_t free_count() const noexcept { return free_.size(); }
   /// Physical bytes of the chunks this arena holds (tally().reserved, kept as it changes).
   [[nodiscard]] std::size_t reserved() const noexcept { return reserved_; }

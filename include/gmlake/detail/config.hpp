@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -41,5 +42,7 @@ constexpr std::size_t round_up(std::size_t n, std::size_t a) noexcept {
   return (n + a - 1) / a * a;
 }
 constexpr std::size_t round_down(std::size_t n, std::size_t a) noexcept { return n / a * a; }
+/// The largest power of two that divides `n` (n > 0).
+constexpr std::size_t lowest_bit(std::uintptr_t n) noexcept { return static_cast<std::size_t>(n & (~n + 1)); }
 
 } // namespace gmlake
