@@ -79,8 +79,8 @@ counted instead).
 Command (on the GPU machine): `bash .ci/gpu OUT bench/traces/*.trace.gz bench/traces/synthetic/*.trace.gz`
 (`GMLAKE_BIN=DIR` to use binaries built elsewhere), then
 `python3 bench/gpu_table.py OUT/replay.jsonl`; these figures: `bench/results/h200-replay.jsonl`
-(2026-12-04, the build of commit e5c4172; the current build's runs, on the H200 and on
-an H100, follow).
+(2026-12-04, the build of commit e5c4172; later builds' runs, on the H200 and on
+the H100, follow).
 
 """
 
@@ -104,7 +104,7 @@ COMPARISONS = [
     ("Before and after on the H100: a cached block's start moved",
      """gmlake's rows of four runs of `gmlake-gpu-replay --allocator gmlake TRACE` per trace (the
 17 traces), alternated build by build in one call on one NVIDIA H100 80GB HBM3 (driver
-580.159.04) on 2026-12-07, right after the run of "On the H100: the current build": before,
+580.159.04) on 2026-12-07, right after a run of the GPU job on the build of commit 10b28df: before,
 the build of commit a26aace; after, the build whose cached stitched blocks may start
 elsewhere in their first chunk (commit 10b28df); in the order before, after, before, after
 (`bench/results/h100-ab-a26aace-before-1.jsonl`, `-before-2`, `-after-1`, `-after-2`).
@@ -137,7 +137,7 @@ are the same in every run.
 17 traces), alternated build by build in one call on one NVIDIA H200 (driver
 580.159.04) on 2026-12-07: before, the build of commit dde0201 (before repair, stitch
 edges by default, appending, the small arena's growth, settled growth and borrowing);
-after, the current build (commit 3541ccb's allocator); in the order before,
+after, the build of commit 3541ccb; in the order before,
 after, before, after (`bench/results/h200-ab-dde0201-before-1.jsonl`, `-before-2`,
 `-after-1`, `-after-2`). Peak reserved and device allocations after i 4 equal the host
 replay's of each build on every trace. Fragmentation falls on 13 traces and stays the
@@ -172,8 +172,8 @@ only within one run.
     ("Before and after: every change since commit dde0201",
      """gmlake's rows of four runs of `gmlake-gpu-replay --allocator gmlake TRACE` per trace (the
 17 traces), alternated trace by trace: the build of commit dde0201 (before repair, stitch edges by
-default, appending, the small arena's growth, settled growth and borrowing), the current build (commit
-ebce8fd), the current build again, then dde0201 again; both replays built on the
+default, appending, the small arena's growth, settled growth and borrowing), the build of commit
+ebce8fd, that build again, then dde0201 again; both replays built on the
 development machine, run in one call on an NVIDIA H100 80GB HBM3 (driver 580.159.04) on
 2026-12-06 (`bench/results/h100-ab-dde0201-before-1.jsonl`, `-before-2`, `-after-1`,
 `-after-2`). Each time column shows the two runs. Fragmentation and device allocations
@@ -263,7 +263,7 @@ its fragmentation and device allocations are those of the f3e25a7 run on every t
 Only llama3b-dynbatch changes in memory (1.40 -> 1.05%, as in the host replay). The
 three runs were on different machine instances, the f3e25a7 one mostly the slowest:
 PyTorch default's ns/op on the same traces was 0.8 to 2.0 times that of the 79a48ea
-run (1.5 times or more on 8 of 17), and gmlake's driver time on gpt2m-dynseq, whose
+run (1.5 times or more on 9 of 17), and gmlake's driver time on gpt2m-dynseq, whose
 calls are the same in every build, 691 us against 447; compare fragmentation
 across runs, and time only within one run.
 """, "h200-replay-edges.jsonl", "h200-replay-lending.jsonl"),
@@ -294,8 +294,7 @@ builds, so its differences are the run-to-run variation of measured time
 TABLES = [
     ("On the H100: the current build",
      """The same command on the current build (commit ae1f281), on an NVIDIA H100 80GB HBM3
-(driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130) on 2026-12-07, where an H200 was asked
-for; every other figure of this run is that machine's. One call: `GMLAKE_BIN=... bash
+(driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130) on 2026-12-07; every other figure of this run is that machine's. One call: `GMLAKE_BIN=... bash
 .ci/gpu OUT TRACES` (the 17 traces; GPU tests 16/16, 28,330 assertions, plainly and under
 memcheck with 0 errors, example, plugin, torch 12/12:
 `bench/results/h100-gpu-job-ae1f281.txt`; the table:
@@ -308,7 +307,7 @@ per iteration: the replay's per-call breakdown, `bench/results/h100-replay-ae1f2
 gmlake's ns/op after i 4 is above PyTorch default's on llama-small-lora-ckpt (649 against
 585) and moe-small-dynseq (473 against 465). This instance was slower than the one before
 for 61 of the 68 allocator-trace pairs. The same allocator's three earlier runs that day,
-on other H100 instances (commit 10b28df; 5041e74 after review; ca87a5d, its pool code
+on other H100 instances (commit 10b28df; 5041e74, the same allocator with its code reorganized; ca87a5d, its pool code
 merged into shared helpers; the later commits change no replay figure):
 `bench/results/h100-gpu-job-10b28df.txt` and `bench/results/h100-replay-10b28df.jsonl`
 (driver time above 1 ms on gpt2l-fsdp-dyn 1134 us, llama-small-lora-ckpt 1624,
@@ -325,8 +324,7 @@ host replay's.
     ("On the H100: the build of commit ec599a9",
      """The same command on the build of commit ec599a9 (a growth that one
 request fills is one chunk once the job has settled or when it is big), on an NVIDIA H100
-80GB HBM3 (driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130) on 2026-12-07, where an H200
-was asked for; every other figure of this run is that machine's. One call:
+80GB HBM3 (driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130) on 2026-12-07; every other figure of this run is that machine's. One call:
 `GMLAKE_BIN=... bash .ci/gpu OUT TRACES` (the 17 traces; GPU tests 16/16, 28,330
 assertions, plainly and under memcheck with 0 errors, example, plugin, torch 12/12:
 `bench/results/h100-gpu-job-ec599a9.txt`; the table: `bench/results/h100-replay-ec599a9.jsonl`),
@@ -360,7 +358,7 @@ against 484; 505 against 697 in the second).
     ("On the H100: the build of commit ebce8fd",
      """The same command on the build of commit ebce8fd (borrowing by default, repair
 with new chunks), on an NVIDIA H100 80GB HBM3 (driver 580.159.04, CUDA 13.0, torch
-2.11.0+cu130) on 2026-12-06, when no H200 was lent; every other figure of this run is
+2.11.0+cu130) on 2026-12-06; every other figure of this run is
 that machine's. One call: `GMLAKE_BIN=... GMLAKE_GPU_SETTINGS="borrow_max_mib:0" bash
 .ci/gpu OUT TRACES` (the 17 traces; GPU tests 16/16, 28,330 assertions, plainly and under
 memcheck with 0 errors, example, plugin, torch 12/12: `bench/results/h100-gpu-job-borrow-default.txt`),

@@ -188,7 +188,9 @@ def settings_h200_lines():
                   key=lambda r: (len(r), r))  # h200-replay-settings.jsonl (with every peer) first
     if not runs:
         return []
-    lines = ["", "On the H200 (`GMLAKE_GPU_SETTINGS=\"TEXT...\" bash .ci/gpu OUT TRACES`, which replays each trace",
+    lines = ["", "On the H200, on the build of commit 5f415cc (2026-12-04, before settled growth, repair with new",
+             "chunks and borrowing by default: its defaults' figures are not this build's)",
+             "(`GMLAKE_GPU_SETTINGS=\"TEXT...\" bash .ci/gpu OUT TRACES`, which replays each trace",
              "under gmlake with each settings text as well as under the peers, then each trace again under",
              "gmlake, the settings and PyTorch's default in the same call:",
              " and ".join(f"`bench/results/{os.path.basename(r)}`" for r in runs) + "). `above best peer`: gmlake",
@@ -243,8 +245,10 @@ def since_section(now):
            "borrowing) and now, the same traces and cost model. Before: `bench/results/host-replay-dde0201.jsonl`, made by that commit's",
            "`gmlake-replay --json --config gmlake --cost-model bench/h200-vmm-cost-model.txt TRACES`;",
            "after: this run. Fragmentation does not depend on the machine (the GPU replay reserves",
-           "the same peaks, \"On the H200\" below); driver time is modelled. The same two builds",
-           "measured on the H200: \"Before and after on the H200\" below.", "",
+           "the same peaks, \"On the H200\" below); driver time is modelled. dde0201 against the build",
+           "of commit 3541ccb on the H200 (this build places and calls as 3541ccb did but on",
+           "gpt2l-fsdp-dyn, llama-small-lora-ckpt, llama3b-dynbatch and synth-seqsched):",
+           "\"Before and after on the H200: growth and placement since dde0201\" below.", "",
            "| trace | frag before | frag after | driver us/iter after 4, before | after | handles created after 4, before | after |",
            "|---|---|---|---|---|---|---|"]
     fb, fa, db, da = [], [], [], []
