@@ -293,7 +293,8 @@ builds, so its differences are the run-to-run variation of measured time
 # Full tables of other runs (every allocator), shown after the main one: title, text, file.
 TABLES = [
     ("On the H100: the current build",
-     """The same command on the current build (commit ae1f281), on an NVIDIA H100 80GB HBM3
+     """The same command on the build of commit ae1f281 (the allocator of the current build but
+for the bound on alignments, `max_alignment()`), on an NVIDIA H100 80GB HBM3
 (driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130) on 2026-12-07; every other figure of this run is that machine's. One call: `GMLAKE_BIN=... bash
 .ci/gpu OUT TRACES` (the 17 traces; GPU tests 16/16, 28,330 assertions, plainly and under
 memcheck with 0 errors, example, plugin, torch 12/12:
@@ -319,7 +320,11 @@ default's on llama-small-lora-ckpt, 652 against 624, and synth-mixed, 409 agains
 (above 1 ms on llama-small-lora-ckpt 1215 and llama1b-generate 1136; ns/op above the
 default's on gpt2s-dynseq, 604 against 448, llama-small-lora-ckpt, 435 against 391, and
 synth-mixed, 382 against 360); in each, the same tests passed and gmlake's peaks equal the
-host replay's.
+host replay's. The current build (commit 4f3deb0) on a fifth instance, the same command:
+the same tests passed, peaks equal the host replay's, driver time above 1 ms on
+gpt2l-fsdp-dyn (1058 us), llama-small-lora-ckpt (1757) and llama1b-generate (1512), ns/op at
+or below the default's on 16 of 17 (llama-small-lora-ckpt 670 against 551):
+`bench/results/h100-gpu-job-4f3deb0.txt`, `bench/results/h100-replay-4f3deb0.jsonl`.
 """, "h100-replay-ae1f281.jsonl"),
     ("On the H100: the build of commit ec599a9",
      """The same command on the build of commit ec599a9 (a growth that one
