@@ -66,6 +66,29 @@ TEST_CASE("capture mode: no event, no release, no unmap; growth still works") {
   gmlake_test::check_released(a);
 }
 
+TEST_CASE("capture mode: a growth that runs out keeps its new chunks until capture ends") {
+  gmlake::gmlake_allocator<host_memfd> a(host_memfd(8 * C, C), opts(), one_slot());
+  void* live = a.allocate(5 * C);
+  a.set_capture_mode(true);
+  const auto before = a.stats();
+  CHECK(a.try_allocate(4 * C) == nullptr);  // 3 chunks left: created, then the 4th fails
+  const auto during = a.stats();
+  CHECK(calls(during, call::create) > calls(before, call::create));
+  CHECK(calls(during, call::release) == calls(before, call::release));
+  CHECK(calls(during, call::unmap) == calls(before, call::unmap));
+  CHECK(calls(during, call::address_free) == calls(before, call::address_free));
+  CHECK(during.quarantined_bytes.current > 0);  // undone once capture ends
+  CHECK(during.failed_cleanups == before.failed_cleanups);  // deferred, not failed
+  CHECK(a.check_invariants());
+  a.set_capture_mode(false);
+  void* rest = a.allocate(3 * C);  // the next growth undoes them first
+  CHECK(a.stats().quarantined_bytes.current == 0);
+  CHECK(a.check_invariants());
+  a.deallocate(rest);
+  a.deallocate(live);
+  gmlake_test::check_released(a);
+}
+
 TEST_CASE("capture mode: stitched blocks are cached, not evicted or unmapped") {
   gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), opts(), one_slot());
   std::vector<void*> ps;

@@ -512,3 +512,85 @@ TEST_CASE("faults: stats count each kind of backend call and the ones that faile
   CHECK(a.check_invariants());
   a.deallocate(p);
 }
+
+namespace {
+
+/// host_memfd with one-shot failures of set_access and unmap, events failing while
+/// `fail_events` is set, and a watch on unmaps over one address.
+struct flaky_memfd : gmlake::backend::forwarding<host_memfd*> {
+  using gmlake::backend::forwarding<host_memfd*>::forwarding;
+  bool fail_access = false, fail_unmap = false, fail_events = false;
+  std::uintptr_t watch = 0;
+  bool unmapped_while_pending = false, watch_unmapped = false;
+  errc set_access(std::uintptr_t va, std::size_t n) noexcept {
+    if (fail_access) {
+      fail_access = false;
+      return errc::driver;
+    }
+    return parent().set_access(va, n);
+  }
+  errc unmap(std::uintptr_t va, std::size_t n) noexcept {
+    if (fail_unmap) {
+      fail_unmap = false;
+      return errc::driver;
+    }
+    if (va <= watch && watch < va + n) {
+      watch_unmapped = true;
+      if (parent().pending(gmlake::host_stream{1})) unmapped_while_pending = true;
+    }
+    return parent().unmap(va, n);
+  }
+  gmlake::result<event_type> record(stream_type s) noexcept {
+    if (fail_events) return errc::driver;
+    return parent().record(s);
+  }
+  gmlake::result<bool> query(event_type e) noexcept {
+    if (fail_events) return errc::driver;
+    return parent().query(e);
+  }
+  errc synchronize(event_type e) noexcept {
+    if (fail_events) return errc::driver;
+    return parent().synchronize(e);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("faults: a cached block given up on after a failed append is unmapped only once its work is done") {
+  host_memfd hm(64 * C, C);
+  hm.set_auto_complete(false);
+  gmlake::options o;
+  o.small_max = 16 * 1024;
+  policy::best_fit_pieces one_slot;
+  one_slot.grow.max_chunk = 0;
+  one_slot.grow.small_divisor = 0;
+  gmlake::gmlake_allocator<flaky_memfd> a(flaky_memfd(&hm), o, one_slot);
+  const gmlake::host_stream s1{1};
+  void* x1 = a.allocate(C, s1);
+  void* y1 = a.allocate(C, s1);
+  void* x2 = a.allocate(C, s1);
+  void* y2 = a.allocate(C, s1);
+  void* z = a.allocate(C, s1);
+  a.deallocate(x1, C, s1);
+  a.deallocate(x2, C, s1);
+  void* s = a.allocate(2 * C, s1);  // a stitched block over x1 and x2
+  (void)hm.record(s1);              // work using it queued on stream 1
+  a.deallocate(s, 2 * C, s1);       // cached, its work pending
+  a.deallocate(z, C, s1);
+  a.backend().watch = reinterpret_cast<std::uintptr_t>(s);
+  // z appended to the cached block: the access call fails, its undo fails, and no
+  // event call succeeds, so the block is given up on without a wait.
+  a.backend().fail_access = a.backend().fail_unmap = a.backend().fail_events = true;
+  void* t = a.allocate(3 * C, s1);
+  a.backend().fail_events = false;
+  REQUIRE(t != nullptr);
+  CHECK(a.stats().quarantined_stitches.current == 1);
+  void* u = a.allocate(8 * C, s1);  // the next growth retries the quarantine
+  REQUIRE(u != nullptr);
+  CHECK(a.backend().watch_unmapped);
+  CHECK_FALSE(a.backend().unmapped_while_pending);  // it waited for stream 1 first
+  CHECK(a.stats().quarantined_stitches.current == 0);
+  REQUIRE(a.check_invariants());
+  for (void* p : {u, t, y1, y2}) a.deallocate(p, 0, s1);
+  gmlake_test::check_released(a);
+}

@@ -139,6 +139,8 @@ class basic_allocator {
     capture_ = false;
     streams_.set_hold(false);
     pool_.set_hold(false);
+    small_.set_hold(false);
+    large_.set_hold(false);
     (void)streams_.wait_all();
     pool_.close();
     small_.close();
@@ -220,6 +222,8 @@ class basic_allocator {
     capture_ = on;
     streams_.set_hold(on);
     pool_.set_hold(on);
+    small_.set_hold(on);
+    large_.set_hold(on);
   }
   [[nodiscard]] bool capture_mode() const noexcept {
     std::lock_guard lock(mutex_);
@@ -343,7 +347,11 @@ class basic_allocator {
     if (alignment < block_alignment) alignment = block_alignment;
     const std::size_t size = round_up(bytes == 0 ? 1 : bytes, block_alignment);
     std::uint32_t s = 0;
-    if (!streams_.index_of(stream, s)) return nullptr;
+    if (!streams_.index_of(stream, s)) {  // host memory ran out
+      ++stats_.fit[static_cast<std::size_t>(fit_state::s5_oom)];
+      ++stats_.num_ooms;
+      return nullptr;
+    }
     for (int attempt = 0; attempt < 2; ++attempt) {
       if (void* p = place(size, bytes, s, alignment)) {
         settling_.on_request(bytes, static_cast<std::size_t>(held_.reserved.current));
@@ -655,9 +663,12 @@ class basic_allocator {
   // ------------------------------------------------------------ free
 
   void deallocate_locked(std::uintptr_t p, std::size_t bytes, stream_type stream) noexcept {
-    std::uint32_t s = 0;
-    if (!streams_.index_of(stream, s)) {
-      (void)streams_.wait_all();  // no room to tag it: make every stream's work done instead
+    std::uint32_t s = 0;  // the default stream's index, where stream has none
+    if (!streams_.index_of(stream, s) && !streams_.drain(stream)) {
+      // No room to add the stream, and its work cannot be waited for now (capture mode,
+      // or an event call failed): the block stays allocated rather than be reused
+      // while that work may still use it (it stays counted as allocated).
+      return;
     }
     for (arena_type* a : {&small_, &large_}) {
       if (!a->contains(p)) continue;

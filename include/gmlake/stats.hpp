@@ -75,8 +75,9 @@ struct statistics {
   std::uint64_t failed_cleanups = 0;     ///< unmap, release, address_free calls that failed (kept and retried)
   /// Times the host waited for a stream's work to finish (an event synchronize):
   /// only in release_cached(), before out-of-memory (S5), before a cached stitched
-  /// block is unmapped, when host memory to track a new stream ran out, after an
-  /// append to a cached stitched block failed and so did its undo, and in the
+  /// block is unmapped, when host memory to track a new stream ran out (that
+  /// stream's work), after an append to a cached stitched block failed and so did
+  /// its undo (and before that block is unmapped, if that wait failed), and in the
   /// destructor. Each drains that stream's queue of work.
   std::uint64_t stream_waits = 0;
 };

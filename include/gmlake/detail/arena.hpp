@@ -149,6 +149,9 @@ class arena {
   // ------------------------------------------------------------ lookup
 
   [[nodiscard]] bool contains(std::uintptr_t p) const noexcept { return p - base_ < size_; }
+  /// Capture mode: no unmap or release until it is off. A growth that fails then
+  /// leaves its chunks quarantined, undone by the next retry_quarantine().
+  void set_hold(bool on) noexcept { hold_ = on; }
   /// The start of the arena's address space (its first slot).
   [[nodiscard]] std::uintptr_t base() const noexcept { return base_; }
   [[nodiscard]] std::size_t free_count() const noexcept { return free_.size(); }
@@ -868,10 +871,10 @@ class arena {
         slot& c = slots_[first + i];
         const std::size_t k = c.count;
         std::uint8_t pending = 0;
-        if (i < mapped && backend_.unmap(at + i * slot_, k * slot_) != errc::ok) pending = 1;
-        else if (backend_.release(c.chunk) != errc::ok) pending = 2;
+        if (i < mapped && (hold_ || backend_.unmap(at + i * slot_, k * slot_) != errc::ok)) pending = 1;
+        else if (hold_ || backend_.release(c.chunk) != errc::ok) pending = 2;
         if (pending != 0) {
-          ++held_.failed_cleanups;
+          if (!hold_) ++held_.failed_cleanups;
           held_.quarantined.add(static_cast<std::int64_t>(k * slot_));
           for (std::size_t j = 0; j < k; ++j) slots_[first + i + j].pending = pending;
           lo = std::min(lo, i);
@@ -1087,6 +1090,7 @@ class arena {
   std::size_t owed_ = 0;      ///< bytes of borrowed chunks quarantined, to give back
   std::size_t lent_ = 0;      ///< bytes of this arena's chunks lent
   std::size_t quarantined_ranges_ = 0;
+  bool hold_ = false;  ///< capture mode: a failed growth's undo waits (quarantined)
   address_index address_;
   free_index free_;
   free_index holes_;

@@ -156,6 +156,19 @@ class stream_table {
   void set_hold(bool on) noexcept { hold_ = on; }
 
   /// Waits for every stream's frees so far. False on a backend failure.
+  /// Waits for the work queued on s so far, s having no entry (the table could not
+  /// grow): an event recorded, waited for and destroyed. False if that cannot be
+  /// done now (capture mode, or an event call failed).
+  [[nodiscard]] bool drain(stream_type s) noexcept {
+    if (hold_) return false;
+    auto ev = backend_.record(s);
+    if (!ev) return false;
+    const bool ok = backend_.synchronize(ev.value) == errc::ok;
+    backend_.destroy(ev.value);
+    if (ok) ++waits_;
+    return ok;
+  }
+
   [[nodiscard]] bool wait_all() noexcept {
     bool ok = true;
     for (std::uint32_t i = 0; i < entries_.size(); ++i)
