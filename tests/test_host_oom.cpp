@@ -15,6 +15,11 @@ namespace {
 bool fail_new = false;  // while set, operator new throws
 }  // namespace
 
+// The replacements pair malloc with free; GCC sees the free in operator delete and
+// warns of a mismatch it cannot tell from a real one.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
 void* operator new(std::size_t n) {
   if (fail_new) throw std::bad_alloc();
   if (void* p = std::malloc(n != 0 ? n : 1)) return p;
