@@ -320,11 +320,16 @@ default's on llama-small-lora-ckpt, 652 against 624, and synth-mixed, 409 agains
 (above 1 ms on llama-small-lora-ckpt 1215 and llama1b-generate 1136; ns/op above the
 default's on gpt2s-dynseq, 604 against 448, llama-small-lora-ckpt, 435 against 391, and
 synth-mixed, 382 against 360); in each, the same tests passed and gmlake's peaks equal the
-host replay's. The current build (commit 4f3deb0) on a fifth instance, the same command:
+host replay's. Commit 4f3deb0 on a fifth instance, the same command:
 the same tests passed, peaks equal the host replay's, driver time above 1 ms on
 gpt2l-fsdp-dyn (1058 us), llama-small-lora-ckpt (1757) and llama1b-generate (1512), ns/op at
 or below the default's on 16 of 17 (llama-small-lora-ckpt 670 against 551):
-`bench/results/h100-gpu-job-4f3deb0.txt`, `bench/results/h100-replay-4f3deb0.jsonl`.
+`bench/results/h100-gpu-job-4f3deb0.txt`, `bench/results/h100-replay-4f3deb0.jsonl`. The
+current build (commit b819613, which also keeps stream order and capture mode when calls
+fail) on a sixth: the same tests passed, peaks equal the host replay's, driver time above
+1 ms on llama-small-lora-ckpt (1654 us), llama1b-generate (1409) and synth-mixed (1111),
+ns/op at or below the default's on all 17: `bench/results/h100-gpu-job-b819613.txt`,
+`bench/results/h100-replay-b819613.jsonl`.
 """, "h100-replay-ae1f281.jsonl"),
     ("On the H100: the build of commit ec599a9",
      """The same command on the build of commit ec599a9 (a growth that one
