@@ -155,7 +155,6 @@ class stream_table {
   /// counts as pending unless already known done (CUDA graph capture).
   void set_hold(bool on) noexcept { hold_ = on; }
 
-  /// Waits for every stream's frees so far. False on a backend failure.
   /// Waits for the work queued on s so far, s having no entry (the table could not
   /// grow): an event recorded, waited for and destroyed. False if that cannot be
   /// done now (capture mode, or an event call failed).
@@ -169,6 +168,7 @@ class stream_table {
     return ok;
   }
 
+  /// Waits for every stream's frees so far. False on a backend failure.
   [[nodiscard]] bool wait_all() noexcept {
     bool ok = true;
     for (std::uint32_t i = 0; i < entries_.size(); ++i)
