@@ -73,10 +73,10 @@ class stitch_pool {
   void retry_quarantine(int attempts = 1) noexcept {
     for (auto it = quarantine_.begin(); it != quarantine_.end();) {
       stitch_block& b = *it++;
-      // A block given up on after use is unmapped only once the work before its free
-      // is done (its first undo may have found no way to wait for it).
-      if (b.pending_unmap != 0 && !streams_.known_done(b.tag) && !streams_.wait(b.tag)) continue;
       if (b.pending_unmap != 0) {
+        // A block given up on after use is unmapped only once the work before its
+        // free is done (its first undo may have found no way to wait for it).
+        if (!streams_.wait(b.tag)) continue;
         if (b.hole_at != 0) {  // the mapped bytes before the hole first
           if (retry([&] { return backend_.unmap(b.va, b.hole_at); }, attempts) != errc::ok) {
             ++held_.failed_cleanups;
@@ -159,17 +159,19 @@ class stitch_pool {
     }
     if (failure == errc::ok) failure = backend_.set_access(va.value, mapped);
     if (failure != errc::ok) {  // roll back; what cannot be undone now is quarantined
-      // (in capture mode, all of it: no unmap and no address free until it is off)
-      const errc u = hold_ ? errc::driver : done > 0 ? backend_.unmap(va.value, done) : errc::ok;
-      if (u == errc::ok && backend_.address_free(va.value, reserved) == errc::ok) {
-        delete b;
-        return nullptr;
+      std::size_t left = done;  // mapped bytes still to unmap
+      if (!hold_) {  // in capture mode, all of it: no unmap and no address free until it is off
+        if (done == 0 || backend_.unmap(va.value, done) == errc::ok) left = 0;  // one call over every chunk
+        if (left == 0 && backend_.address_free(va.value, reserved) == errc::ok) {
+          delete b;
+          return nullptr;
+        }
+        ++held_.failed_cleanups;
       }
-      if (!hold_) ++held_.failed_cleanups;
       b->va = va.value;
       b->mapped = mapped;
       b->reserved = reserved;
-      b->pending_unmap = u == errc::ok ? 0 : done;
+      b->pending_unmap = left;
       b->pending_free = true;
       if (b->pending_unmap != 0)
         for (const auto& p : pieces) large_.pin(p.addr, p.end(), 1);  // its chunks stay while it may map them
