@@ -136,11 +136,7 @@ class basic_allocator {
   /// through on_misuse when there are any).
   ~basic_allocator() {
     if (stats_.allocations.current != 0) misuse("allocator destroyed with live allocations", nullptr);
-    capture_ = false;
-    streams_.set_hold(false);
-    pool_.set_hold(false);
-    small_.set_hold(false);
-    large_.set_hold(false);
+    hold(false);
     (void)streams_.wait_all();
     pool_.close();
     small_.close();
@@ -219,11 +215,7 @@ class basic_allocator {
   ///        reused until the mode is off; requests grow the reserve instead.
   void set_capture_mode(bool on) noexcept {
     std::lock_guard lock(mutex_);
-    capture_ = on;
-    streams_.set_hold(on);
-    pool_.set_hold(on);
-    small_.set_hold(on);
-    large_.set_hold(on);
+    hold(on);
   }
   [[nodiscard]] bool capture_mode() const noexcept {
     std::lock_guard lock(mutex_);
@@ -339,19 +331,12 @@ class basic_allocator {
   // ------------------------------------------------------------ allocate
 
   void* allocate_locked(std::size_t bytes, stream_type stream, std::size_t alignment) noexcept {
-    if (!std::has_single_bit(alignment) || alignment > max_alignment_ || bytes > backend_.capacity()) {
-      ++stats_.fit[static_cast<std::size_t>(fit_state::s5_oom)];
-      ++stats_.num_ooms;
-      return nullptr;
-    }
+    if (!std::has_single_bit(alignment) || alignment > max_alignment_ || bytes > backend_.capacity())
+      return count_oom();
     if (alignment < block_alignment) alignment = block_alignment;
     const std::size_t size = round_up(bytes == 0 ? 1 : bytes, block_alignment);
     std::uint32_t s = 0;
-    if (!streams_.index_of(stream, s)) {  // host memory ran out
-      ++stats_.fit[static_cast<std::size_t>(fit_state::s5_oom)];
-      ++stats_.num_ooms;
-      return nullptr;
-    }
+    if (!streams_.index_of(stream, s)) return count_oom();  // host memory ran out
     for (int attempt = 0; attempt < 2; ++attempt) {
       if (void* p = place(size, bytes, s, alignment)) {
         settling_.on_request(bytes, static_cast<std::size_t>(held_.reserved.current));
@@ -364,10 +349,24 @@ class basic_allocator {
         (void)release_cached_locked();
       }
     }
+    debug_check();
+    return count_oom();
+  }
+
+  /// S5: counts the request as out of memory; returns nullptr.
+  void* count_oom() noexcept {
     ++stats_.fit[static_cast<std::size_t>(fit_state::s5_oom)];
     ++stats_.num_ooms;
-    debug_check();
     return nullptr;
+  }
+
+  /// Capture mode on or off, in the allocator and each part that defers work in it.
+  void hold(bool on) noexcept {
+    capture_ = on;
+    streams_.set_hold(on);
+    pool_.set_hold(on);
+    small_.set_hold(on);
+    large_.set_hold(on);
   }
 
   /// The stream rules: may a free range be used on stream `stream` now?
