@@ -293,44 +293,35 @@ builds, so its differences are the run-to-run variation of measured time
 # Full tables of other runs (every allocator), shown after the main one: title, text, file.
 TABLES = [
     ("On the H100: the current build",
-     """The same command on the build of commit ae1f281 (the allocator of the current build but
-for the bound on alignments, `max_alignment()`), on an NVIDIA H100 80GB HBM3
-(driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130) on 2026-12-07; every other figure of this run is that machine's. One call: `GMLAKE_BIN=... bash
-.ci/gpu OUT TRACES` (the 17 traces; GPU tests 16/16, 28,330 assertions, plainly and under
-memcheck with 0 errors, example, plugin, torch 12/12:
-`bench/results/h100-gpu-job-ae1f281.txt`; the table:
-`bench/results/h100-replay-ae1f281.jsonl`). Peak reserved, fragmentation and device
+     """The same command on the current build (commit 16ff153), on an NVIDIA H100 80GB HBM3
+(driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130) on 2026-12-07; every other figure of
+this run is that machine's. One call: `GMLAKE_BIN=... bash .ci/gpu OUT TRACES` (the 17
+traces; GPU tests 16/16 plainly and under memcheck with 0 errors, example, plugin, torch
+12/12: `bench/results/h100-gpu-job-16ff153.txt`; the table:
+`bench/results/h100-replay-16ff153.jsonl`). Peak reserved, fragmentation and device
 allocations after i 4 of gmlake equal the host replay's on every trace. gmlake reserves no
 more than the best peer on 16 of the 17 traces (synth-moe: 7.60 GB against
-`cudaMallocAsync`'s 7.58). Measured driver time is above 1 ms on llama-small-lora-ckpt
-(1694 us) and llama1b-generate (1533); `cuMemSetAccess` is most of it (1377 and 1010 us
-per iteration: the replay's per-call breakdown, `bench/results/h100-replay-ae1f281.err`).
-gmlake's ns/op after i 4 is above PyTorch default's on llama-small-lora-ckpt (649 against
-585) and moe-small-dynseq (473 against 465). This instance was slower than the one before
-for 61 of the 68 allocator-trace pairs. The same allocator's three earlier runs that day,
-on other H100 instances (commit 10b28df; 5041e74, the same allocator with its code reorganized; ca87a5d, its pool code
-merged into shared helpers; the later commits change no replay figure):
-`bench/results/h100-gpu-job-10b28df.txt` and `bench/results/h100-replay-10b28df.jsonl`
-(driver time above 1 ms on gpt2l-fsdp-dyn 1134 us, llama-small-lora-ckpt 1624,
-llama1b-generate 1601; ns/op at or below the default's on all 17),
-`bench/results/h100-gpu-job-5041e74.txt` and `bench/results/h100-replay-5041e74.jsonl`
-(above 1 ms on llama-small-lora-ckpt 1722 and llama1b-generate 1210; ns/op above the
-default's on llama-small-lora-ckpt, 652 against 624, and synth-mixed, 409 against 379),
-`bench/results/h100-gpu-job-ca87a5d.txt` and `bench/results/h100-replay-ca87a5d.jsonl`
-(above 1 ms on llama-small-lora-ckpt 1215 and llama1b-generate 1136; ns/op above the
-default's on gpt2s-dynseq, 604 against 448, llama-small-lora-ckpt, 435 against 391, and
-synth-mixed, 382 against 360); in each, the same tests passed and gmlake's peaks equal the
-host replay's. Commit 4f3deb0 on a fifth instance, the same command:
-the same tests passed, peaks equal the host replay's, driver time above 1 ms on
-gpt2l-fsdp-dyn (1058 us), llama-small-lora-ckpt (1757) and llama1b-generate (1512), ns/op at
-or below the default's on 16 of 17 (llama-small-lora-ckpt 670 against 551):
-`bench/results/h100-gpu-job-4f3deb0.txt`, `bench/results/h100-replay-4f3deb0.jsonl`. The
-current build (commit b819613, which also keeps stream order and capture mode when calls
-fail) on a sixth: the same tests passed, peaks equal the host replay's, driver time above
-1 ms on llama-small-lora-ckpt (1654 us), llama1b-generate (1409) and synth-mixed (1111),
-ns/op at or below the default's on all 17: `bench/results/h100-gpu-job-b819613.txt`,
-`bench/results/h100-replay-b819613.jsonl`.
-""", "h100-replay-ae1f281.jsonl"),
+`cudaMallocAsync`'s 7.58), and its ns/op after i 4 is at or below PyTorch default's on all
+17. Measured driver time is above 1 ms on llama-small-lora-ckpt (1482 us) and
+llama1b-generate (1150); `cuMemSetAccess` is most of it (1377 and 1010 us per iteration in
+the run of commit ae1f281, whose per-call breakdown was kept:
+`bench/results/h100-replay-ae1f281.err`).
+
+Builds with the same replay figures (commits that change no figure of the host replay) ran the
+same job on six other H100 instances that day; in each the same tests passed and gmlake's peaks equal the
+host replay's:
+
+| commit | driver time above 1 ms (us per iteration after i 4) | ns/op after i 4 above PyTorch default's | files |
+|---|---|---|---|
+| 10b28df | gpt2l-fsdp-dyn 1134, llama-small-lora-ckpt 1624, llama1b-generate 1601 | none | `h100-gpu-job-10b28df.txt`, `h100-replay-10b28df.jsonl` |
+| 5041e74 (the code reorganized) | llama-small-lora-ckpt 1722, llama1b-generate 1210 | llama-small-lora-ckpt 652 / 624, synth-mixed 409 / 379 | `h100-gpu-job-5041e74.txt`, `h100-replay-5041e74.jsonl` |
+| ca87a5d (pool code merged into shared helpers) | llama-small-lora-ckpt 1215, llama1b-generate 1136 | gpt2s-dynseq 604 / 448, llama-small-lora-ckpt 435 / 391, synth-mixed 382 / 360 | `h100-gpu-job-ca87a5d.txt`, `h100-replay-ca87a5d.jsonl` |
+| ae1f281 (`slide()` returning at once where blocks may not move; this instance was slower than the one before for 61 of the 68 allocator-trace pairs) | llama-small-lora-ckpt 1694, llama1b-generate 1533 | llama-small-lora-ckpt 649 / 585, moe-small-dynseq 473 / 465 | `h100-gpu-job-ae1f281.txt`, `h100-replay-ae1f281.jsonl`, `.err` |
+| 4f3deb0 (alignments bounded by `max_alignment()`) | gpt2l-fsdp-dyn 1058, llama-small-lora-ckpt 1757, llama1b-generate 1512 | llama-small-lora-ckpt 670 / 551 | `h100-gpu-job-4f3deb0.txt`, `h100-replay-4f3deb0.jsonl` |
+| b819613 (stream order and capture mode kept when calls fail) | llama-small-lora-ckpt 1654, llama1b-generate 1409, synth-mixed 1111 | none | `h100-gpu-job-b819613.txt`, `h100-replay-b819613.jsonl` |
+
+The files are in `bench/results/`.
+""", "h100-replay-16ff153.jsonl"),
     ("On the H100: the build of commit ec599a9",
      """The same command on the build of commit ec599a9 (a growth that one
 request fills is one chunk once the job has settled or when it is big), on an NVIDIA H100
