@@ -682,6 +682,39 @@ TEST_CASE("stream order: growth next to a range pending on another stream") {
   gmlake_test::check_released(a);
 }
 
+// Regression: releasing the free chunks of a range whose stream work is done went
+// on into the free range after it when the released chunks reached its end (two
+// segments side by side: bfc makes each growth a new segment), and released that
+// range's chunks too, though the stream it was freed on still had work pending.
+TEST_CASE("stream order: releasing free chunks stops at the end of the range it was given") {
+  gmlake::options o;
+  o.small_max = C;  // requests of one chunk go to the small arena
+  gmlake::bfc_allocator<host_memfd> a(host_memfd(64 * C, C), o);
+  host_memfd& m = a.backend();
+  const gmlake::host_stream s0{0}, s1{1}, s2{2};
+  m.set_auto_complete(false);
+  void* p1 = a.allocate(C, s0);  // the small arena: a chunk of one segment
+  void* p2 = a.allocate(C, s0);  // the chunk after it, of another segment
+  REQUIRE(static_cast<char*>(p2) == static_cast<char*>(p1) + C);
+  const std::size_t p2_at = m.offset_of(reinterpret_cast<std::uintptr_t>(p2)).value;
+  a.deallocate(p1, C, s0);
+  a.deallocate(p2, C, s2);  // stream 2's work may still use p2's bytes
+  void* big1 = a.allocate(2 * C, s1);  // the large arena grows past the peak
+  m.complete(s0);                      // stream 0's work is done, stream 2's is not
+  void* big2 = a.allocate(2 * C, s1);  // past the peak again: the small arena gives back free chunks
+  REQUIRE(m.pending(s2));
+  CHECK(m.offset_of(reinterpret_cast<std::uintptr_t>(p2)));  // p2's chunk still mapped
+  for (std::size_t i = 0; i < 2 * C; i += 4 * kib) {      // and its bytes in no new block
+    const auto at = m.offset_of(reinterpret_cast<std::uintptr_t>(big2) + i);
+    CHECK_FALSE((at && at.value >= p2_at && at.value < p2_at + C));
+  }
+  CHECK(a.check_invariants());
+  a.deallocate(big1, 2 * C, s1);
+  a.deallocate(big2, 2 * C, s1);
+  m.complete_all();
+  gmlake_test::check_released(a);
+}
+
 TEST_CASE("stream-ordered reuse in the small arena") {
   gmlake::gmlake_allocator<simulated> a(simulated(cap, C), opts(), one_slot());
   a.backend().set_auto_complete(false);

@@ -539,7 +539,12 @@ class arena {
           held_.mapped.sub(static_cast<std::int64_t>(e - a));
           given += e - a;
           lender_->take_back(home);
-          cur = carve_hole(*cur, a, e);  // the free range after it, if any
+          const bool rest = e < cur->end();
+          cur = carve_hole(*cur, a, e);  // the rest of cur, or what follows the hole
+          if (!rest) {  // another range: the outer loop judges it (its stream work)
+            it = address_.iterator_to(*cur);
+            break;
+          }
           it = std::next(address_.iterator_to(*cur));
           more = true;
           break;
@@ -971,9 +976,13 @@ class arena {
         c = e;
       }
       // [cur.addr, a) stays free, [a, b) becomes a hole, [b, cur.end) stays free.
+      const bool rest = b < cur->end();
       cur = carve_hole(*cur, a, b);
       if (qb != 0) quarantine(holding(qa), qa, qb);
-      if (!cur->is_free()) break;
+      if (!rest) {  // cur is what follows the hole, another range: the caller judges it (its stream work)
+        next = address_.iterator_to(*cur);
+        return released;
+      }
     }
     // The caller's iterator may point at a node merged away: continue after cur.
     next = std::next(address_.iterator_to(*cur));
