@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <memory_resource>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -155,6 +156,40 @@ TEST_CASE("recording: std::pmr containers over a recorder over real memory") {
   gmlake_bench::trace t;
   REQUIRE(gmlake_bench::load(path, t));
   CHECK(t.allocs > 10);
+  std::remove(path.c_str());
+  gmlake_test::check_released(a);
+}
+
+TEST_CASE("recording: a .gz trace that cannot be created throws, as a plain one does") {
+  sim_alloc a(simulated(8 * C, C));
+  CHECK_THROWS_AS(rec_alloc(a, "/nonexistent-gmlake-dir/job.trace.gz"), std::runtime_error);
+  CHECK_THROWS_AS(rec_alloc(a, "/nonexistent-gmlake-dir/job.trace"), std::runtime_error);
+  gmlake_test::check_released(a);
+}
+
+TEST_CASE("recording: gzip that cannot write ends no process: allocation goes on and good() turns false") {
+  // A .gz name for /dev/full: gzip fails on its first write and exits, and the
+  // recorder's writes then meet a pipe with no reader (SIGPIPE unless held off).
+  const std::string path = temp_trace("full");
+  std::remove(path.c_str());
+  if (::symlink("/dev/full", path.c_str()) != 0) return;  // no /dev/full here: nothing to test
+  sim_alloc a(simulated(8 * C, C));
+  {
+    rec_alloc rec(a, path);
+    // Sizes that compress poorly, for more than gzip's output buffer (256 KiB).
+    std::mt19937 rng(7);
+    int served = 0;
+    for (int i = 0; i < 200000; ++i) {
+      const std::size_t n = 1 + rng() % 1000000;
+      void* p = rec.allocate(n);
+      served += p != nullptr;
+      rec.deallocate(p, n);
+    }
+    CHECK(served == 200000);
+    CHECK_FALSE(rec.good());  // the writes failed before the end
+    CHECK_FALSE(rec.close());
+    CHECK_FALSE(rec.good());
+  }
   std::remove(path.c_str());
   gmlake_test::check_released(a);
 }

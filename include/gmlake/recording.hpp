@@ -15,10 +15,12 @@
 //  - thread safe: events are written under the adaptor's own lock, a free before
 //    the block goes back to the allocator, so no reuse can be written ahead of it;
 //  - recording never changes what the allocator does; if the trace cannot be
-//    written (disk full, no memory for the id map), allocation goes on and good()
-//    turns false.
+//    written (disk full, gzip gone, no memory for the id map), allocation goes on
+//    and good() turns false (a write to gzip's pipe holds SIGPIPE off the writing
+//    thread, so a reader gone does not end the process).
 #pragma once
 
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -32,6 +34,11 @@
 #include "detail/config.hpp"
 #include "stats.hpp"
 
+#if !defined(_WIN32)
+#include <pthread.h>
+#include <signal.h>
+#endif
+
 namespace gmlake {
 
 // ---------------------------------------------------------------- memory_summary
@@ -40,9 +47,43 @@ namespace detail {
 #if defined(_WIN32)
 inline std::FILE* open_pipe(const char* command) noexcept { return ::_popen(command, "w"); }
 inline int close_pipe(std::FILE* f) noexcept { return ::_pclose(f); }
+struct pipe_write_guard {};
 #else
 inline std::FILE* open_pipe(const char* command) noexcept { return ::popen(command, "w"); }
 inline int close_pipe(std::FILE* f) noexcept { return ::pclose(f); }
+
+/// Holds SIGPIPE off the calling thread while it writes to a pipe: a write to a pipe
+/// whose reader has gone (gzip ended: disk full, or killed) then fails with EPIPE
+/// instead of ending the process. A SIGPIPE raised meanwhile is taken, not delivered;
+/// one already pending before stays pending.
+class pipe_write_guard {
+ public:
+  pipe_write_guard() noexcept {
+    sigset_t pipe, pending;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    was_pending_ = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
+    blocked_ = pthread_sigmask(SIG_BLOCK, &pipe, &old_) == 0;
+  }
+  pipe_write_guard(const pipe_write_guard&) = delete;
+  pipe_write_guard& operator=(const pipe_write_guard&) = delete;
+  ~pipe_write_guard() {
+    if (!blocked_) return;
+    sigset_t pipe, pending;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    if (!was_pending_ && sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1) {
+      int taken = 0;
+      (void)sigwait(&pipe, &taken);  // pending: returns at once
+    }
+    (void)pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+
+ private:
+  sigset_t old_{};
+  bool was_pending_ = false;
+  bool blocked_ = false;
+};
 #endif
 
 inline std::string human_bytes(std::int64_t n) {
@@ -128,6 +169,12 @@ class recording_allocator {
       : a_(&a), path_(path) {
     gz_ = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
     if (gz_) {
+      // The shell would report a file it cannot create only on stderr, and gzip would
+      // be gone before the first write: create it here first, so that the error is
+      // this constructor's.
+      std::FILE* probe = std::fopen(path.c_str(), "w");
+      if (probe == nullptr) throw std::runtime_error("gmlake::recording_allocator: cannot write " + path);
+      std::fclose(probe);
       std::string quoted;  // the path in single quotes, for the shell
       for (char c : path) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
       out_ = detail::open_pipe(("gzip -c > '" + quoted + "'").c_str());
@@ -248,6 +295,7 @@ class recording_allocator {
   bool close() noexcept {
     std::lock_guard lock(mutex_);
     if (out_ == nullptr) return good_;
+    const detail::pipe_write_guard guard;
     if (std::fflush(out_) != 0) good_ = false;
     if (owned_) {
       const int rc = gz_ ? detail::close_pipe(out_) : std::fclose(out_);
@@ -280,7 +328,13 @@ class recording_allocator {
   }
 
   void put(const char* text) noexcept {
-    if (out_ != nullptr && std::fputs(text, out_) < 0) good_ = false;
+    if (out_ == nullptr) return;
+    if (gz_) {
+      const detail::pipe_write_guard guard;
+      if (std::fputs(text, out_) < 0) good_ = false;
+    } else if (std::fputs(text, out_) < 0) {
+      good_ = false;
+    }
   }
 
   void note_allocate(void* p, std::size_t bytes, stream_type stream) noexcept {
