@@ -594,3 +594,21 @@ TEST_CASE("faults: a cached block given up on after a failed append is unmapped 
   for (void* p : {u, t, y1, y2}) a.deallocate(p, 0, s1);
   gmlake_test::check_released(a);
 }
+
+// reset_peaks() resets every gauge's peak, the quarantine's too.
+TEST_CASE("faults: reset_peaks() resets the peaks of the quarantine gauges") {
+  gmlake::allocator<fault_injecting<simulated>> a(fault_injecting<simulated>(cap, C));
+  void* p = a.allocate(4 * C);
+  a.deallocate(p, 4 * C);
+  a.backend().fail_at(fault::release, 1);  // the release after the unmap fails: quarantined
+  (void)a.release_cached();
+  a.backend().disarm();
+  REQUIRE(a.stats().quarantined_bytes.current > 0);
+  (void)a.release_cached();  // the retry succeeds
+  a.reset_peaks();
+  const auto s = a.stats();
+  CHECK(s.quarantined_bytes.current == 0);
+  CHECK(s.quarantined_bytes.peak == 0);
+  CHECK(s.quarantined_stitches.peak == s.quarantined_stitches.current);
+  CHECK(s.reserved_bytes.peak == s.reserved_bytes.current);
+}

@@ -255,7 +255,7 @@ class basic_allocator {
   void reset_peaks() noexcept {
     std::lock_guard lock(mutex_);
     for (stat* s : {&stats_.requested_bytes, &stats_.active_bytes, &stats_.allocations, &held_.reserved,
-                    &held_.mapped, &held_.chunks, &held_.stitched})
+                    &held_.mapped, &held_.chunks, &held_.stitched, &held_.quarantined, &held_.quarantined_stitches})
       s->reset_peak();
   }
 
