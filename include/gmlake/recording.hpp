@@ -24,6 +24,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -178,6 +180,12 @@ class recording_allocator {
       std::string quoted;  // the path in single quotes, for the shell
       for (char c : path) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
       out_ = detail::open_pipe(("gzip -c > '" + quoted + "'").c_str());
+      // A buffer larger than pipe_flush, so that only put()'s own flushes write to the
+      // pipe, each under a pipe_write_guard.
+      if (out_ != nullptr) {
+        pipe_buffer_ = std::make_unique<char[]>(2 * pipe_flush);
+        std::setvbuf(out_, pipe_buffer_.get(), _IOFBF, 2 * pipe_flush);
+      }
     } else {
       out_ = std::fopen(path.c_str(), "w");
     }
@@ -327,14 +335,20 @@ class recording_allocator {
     put("# source gmlake::recording_allocator\n");
   }
 
+  /// Writes text. To gzip's pipe, the stream buffers up to pipe_flush bytes and
+  /// put() flushes them under one pipe_write_guard (a text as long flushes itself,
+  /// guarded): a guard per pipe write, not per event.
   void put(const char* text) noexcept {
     if (out_ == nullptr) return;
-    if (gz_) {
-      const detail::pipe_write_guard guard;
+    const std::size_t n = std::strlen(text);
+    if (!gz_ || (unflushed_ + n <= pipe_flush && n <= pipe_flush / 2)) {
       if (std::fputs(text, out_) < 0) good_ = false;
-    } else if (std::fputs(text, out_) < 0) {
-      good_ = false;
+      unflushed_ += n;
+      return;
     }
+    const detail::pipe_write_guard guard;
+    if (std::fflush(out_) != 0 || std::fputs(text, out_) < 0) good_ = false;
+    unflushed_ = n;
   }
 
   void note_allocate(void* p, std::size_t bytes, stream_type stream) noexcept {
@@ -365,6 +379,9 @@ class recording_allocator {
   std::FILE* out_ = nullptr;
   bool owned_ = false;
   bool gz_ = false;
+  static constexpr std::size_t pipe_flush = std::size_t{64} << 10;
+  std::size_t unflushed_ = 0;  ///< bytes put to gzip's pipe since the last flush
+  std::unique_ptr<char[]> pipe_buffer_;  ///< the pipe stream's buffer (closed before it goes)
   bool good_ = true;
   mutable std::mutex mutex_;
   std::unordered_map<void*, record> ids_;
