@@ -466,15 +466,17 @@ class basic_allocator {
 
   /// S4 on the cache: once the job has settled, a cached block that repair() could
   /// not mend for want of free chunks is mended with new chunks of the same bytes,
-  /// where they add up to no more than the stitch it saves would create (`budget`)
-  /// and to at most a quarter of the request: the repair maps only them, a new stitch
-  /// every piece. `grew`: chunks were created (they stay free if the repair fails).
+  /// where they add up to at most twice what the stitch it saves would create
+  /// (`budget`) and to at most a quarter of the request: the repair maps only them, a
+  /// new stitch every piece, and the free pieces that stitch would have mapped stay
+  /// free for the next requests. `grew`: chunks were created (they stay free if the
+  /// repair fails).
   void* repair_with_new_chunks(std::size_t size, std::size_t requested, std::uint32_t s, std::size_t alignment,
                                std::size_t budget, bool& grew) noexcept {
     grew = false;
     if (!settling_.settled() || opt_.repair_chunks == 0) return nullptr;
     const auto need = pool_.needed_for_repair(size, s, opt_.cached_scan, alignment, opt_.repair_chunks);
-    if (need.count == 0 || need.total > budget || need.total > size / 4) return nullptr;
+    if (need.count == 0 || need.total > 2 * budget || need.total > size / 4) return nullptr;
     for (std::size_t i = 0; i < need.count; ++i) {
       std::uintptr_t fresh = 0;
       if (!nodes_.reserve(4) || !large_.grow(need.bytes[i], 0, fresh, growth_plan{0, need.bytes[i], 0, 0})) return nullptr;
