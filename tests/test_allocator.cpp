@@ -423,6 +423,53 @@ TEST_CASE("settled: a cached block with no free chunk to replace its taken one i
   gmlake_test::check_released(a);
 }
 
+TEST_CASE("settled: a repair with new chunks may create up to twice the bytes of the stitch it saves") {
+  // Chunks of 2 slots, no floor. The cached block x maps four free 2-slot chunks;
+  // then one of them is taken and a 1-slot chunk e elsewhere is freed. A stitch anew
+  // would map x's three chunks and e and create 1 slot; the repair creates the taken
+  // chunk's 2 slots (twice that) and maps only them, and e stays free.
+  gmlake::gmlake_allocator<counted_memfd> a(counted_memfd(cap, C), opts(), sized(2 * C, 2 * C));
+  void* piece[4];
+  void* guard[4];
+  for (int i = 0; i < 4; ++i) {
+    piece[i] = a.allocate(2 * C);
+    guard[i] = a.allocate(2 * C);
+  }
+  void* e = a.allocate(C);
+  void* g = a.allocate(C);
+  for (void* p : piece) a.deallocate(p);
+  for (int i = 0; i < 8; ++i) a.deallocate(a.allocate(8 * C));  // the job settles
+  void* x = a.allocate(8 * C);
+  a.deallocate(x);
+  void* taken = a.allocate(2 * C);
+  fill(taken, 2 * C, 60);
+  a.deallocate(e);
+  const auto& n = a.backend().counts();
+  const auto creates = n.calls_of(call::create), maps = n.calls_of(call::map);
+  const auto s0 = a.stats();
+  void* y = a.allocate(8 * C);
+  const auto s1 = a.stats();
+  CHECK(y == x);  // repaired in place
+  CHECK(s1.cached_stitch_repairs == s0.cached_stitch_repairs + 1);
+  CHECK(n.calls_of(call::create) == creates + 1);  // one chunk of the taken one's 2 slots
+  CHECK(n.calls_of(call::map) == maps + 2);        // in its arena, then in the block
+  CHECK(s1.reserved_bytes.current == s0.reserved_bytes.current + static_cast<std::int64_t>(2 * C));
+  CHECK(a.check_invariants());
+  fill(y, 8 * C, 61);
+  CHECK(holds(y, 8 * C, 61));
+  CHECK(holds(taken, 2 * C, 60));
+  void* e2 = a.allocate(C);  // e was left free: reused, nothing created
+  CHECK(e2 == e);
+  CHECK(n.calls_of(call::create) == creates + 1);
+  a.deallocate(e2);
+  a.deallocate(y);
+  a.deallocate(taken);
+  a.deallocate(g);
+  for (void* p : guard) a.deallocate(p);
+  CHECK(a.check_invariants());
+  gmlake_test::check_released(a);
+}
+
 namespace {
 /// With options `o`, the cached block of Fixture (taken_stitch, taken_settled) is not
 /// repaired: the request is stitched anew.
