@@ -513,3 +513,28 @@ TEST_CASE("reliability: shortfall chunks in several address ranges") {
     if (q) a.deallocate(q);
   gmlake_test::check_released(a);
 }
+
+TEST_CASE_TEMPLATE("reliability: a stitching policy without the shortfall path creates in several ranges too", P,
+                   policy::best_fit_pieces, policy::largest_first) {
+  gmlake::options o = small_opts();
+  o.va_factor = 1;
+  P pol;
+  pol.shortfall = false;  // S4 makes the request a new segment, which needs one hole
+  gmlake::basic_allocator<host_memfd, P> a(host_memfd(cap, C), o, pol);
+  std::vector<void*> all;
+  for (std::size_t i = 0; i < cap / C; ++i) all.push_back(a.allocate(C));
+  for (std::size_t i = 0; i < all.size(); i += 2) {
+    a.deallocate(all[i]);
+    all[i] = nullptr;
+  }
+  (void)a.release_cached();  // 32 holes of one chunk, 32 chunks free in the backend
+  REQUIRE(a.stats().reserved_bytes.current == static_cast<std::int64_t>(cap / 2));
+  void* p = a.try_allocate(8 * C);
+  REQUIRE(p != nullptr);
+  touch(p, 8 * C, 7);
+  CHECK(a.check_invariants());
+  a.deallocate(p);
+  for (void* q : all)
+    if (q) a.deallocate(q);
+  gmlake_test::check_released(a);
+}

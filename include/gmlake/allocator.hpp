@@ -460,7 +460,9 @@ class basic_allocator {
       if (!usable(*r.value)) return take_at(a, *r.value, fresh, size, requested, fit_state::s4_shortfall);
       return take(a, *r.value, size, requested, alignment, fit_state::s4_shortfall);
     }
-    if (stitching && stitch_.create_shortfall()) return stitch_scattered(size, requested, s, alignment);
+    // No hole holds the request (the address space is cut up), though the backend may
+    // have the memory: any stitching policy creates it in several holes and stitches.
+    if (stitching) return stitch_scattered(size, requested, s, alignment);
     return nullptr;
   }
 
