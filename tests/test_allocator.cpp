@@ -1,5 +1,6 @@
 // tests/test_allocator.cpp - targeted tests of basic_allocator: BestFit states, the
 // stitched-block cache, eviction, stream order, statistics, misuse, std::pmr.
+#include <gmlake/backend/forwarding.hpp>
 #include <gmlake/backend/host_memfd.hpp>
 #include <gmlake/gmlake.hpp>
 #include <doctest/doctest.h>
@@ -717,6 +718,60 @@ TEST_CASE("stream-ordered reuse") {
 // be pending on another stream; the request must then be placed in the new bytes
 // only (basic_allocator::place takes them at `fresh`), never at the start of the
 // merged range, which here would be p, freed on stream 1 whose work is pending.
+namespace {
+/// The simulated backend with one handle that names another stream on each thread,
+/// as CUDA's per-thread default stream (cudaStreamPerThread) does: `thread` is the
+/// calling thread; an event recorded on the handle goes to that thread's stream. It
+/// says so as cuda_vmm does (stream_key, stream_eager_events).
+struct per_thread_streams : gmlake::backend::forwarding<simulated> {
+  using forwarding::forwarding;
+  static constexpr auto handle = gmlake::host_stream{2};
+  int thread = 1;
+  int records_elsewhere = 0;  ///< events recorded on the handle from another thread than the free's
+  int freeing_thread = 0;
+  gmlake::host_stream real(gmlake::host_stream s) const {
+    return s == handle ? gmlake::host_stream{100 + static_cast<std::uintptr_t>(thread)} : s;
+  }
+  gmlake::result<event_type> record(stream_type s) noexcept {
+    if (s == handle && thread != freeing_thread) ++records_elsewhere;
+    return parent().record(real(s));
+  }
+  std::uint64_t stream_key(stream_type s) const noexcept { return s == handle ? static_cast<std::uint64_t>(thread) : 0; }
+  static bool stream_eager_events(stream_type s) noexcept { return s == handle; }
+};
+} // namespace
+
+TEST_CASE("stream order: the per-thread default stream is one stream per thread") {
+  gmlake::options o = opts();
+  o.small_max = 0;
+  gmlake::allocator<per_thread_streams> a(per_thread_streams(cap, C), o);
+  auto& b = a.backend();
+  b.parent().set_auto_complete(false);
+  const auto h = per_thread_streams::handle;
+  void* p = a.allocate(4 * C, h);  // on thread 1's stream
+  auto kernel = b.parent().record(b.real(h));  // thread 1's work on p, still queued
+  REQUIRE(kernel);
+  b.freeing_thread = 1;
+  a.deallocate(p, 4 * C, h);
+  b.thread = 2;  // the same handle on another thread: another stream
+  void* q = a.allocate(4 * C, h);
+  CHECK(q != p);  // not before thread 1's work is done
+  CHECK(b.records_elsewhere == 0);  // nothing of thread 1's recorded on thread 2's stream
+  b.thread = 1;
+  b.parent().complete(b.real(h));  // thread 1's work done, and the event of its free
+  b.thread = 2;
+  void* r = a.allocate(4 * C, h);
+  CHECK(r == p);  // p's bytes go to thread 2 now, by the event recorded at the free
+  CHECK(b.records_elsewhere == 0);
+  CHECK(a.check_invariants());
+  b.parent().set_auto_complete(true);
+  b.parent().complete(b.real(h));
+  b.freeing_thread = 2;
+  a.deallocate(q, 4 * C, h);
+  a.deallocate(r, 4 * C, h);
+  gmlake_test::check_released(a);
+}
+
 TEST_CASE("stream order: growth next to a range pending on another stream") {
   gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), opts(), one_slot());
   a.backend().set_auto_complete(false);

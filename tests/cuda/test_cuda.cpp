@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -376,6 +377,44 @@ TEST_CASE("stream order: memory freed under a running kernel is not handed to an
     a.deallocate(q2, n, cu(st.b));
   }
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  gmlake_test::check_released(a);
+}
+
+TEST_CASE("stream order: cudaStreamPerThread on two threads is two streams") {
+  // One handle, a different stream on each thread: a block freed on thread 1's
+  // per-thread stream under a running kernel is not thread 2's until that work is done.
+  const std::size_t C = device_granularity();
+  gmlake::allocator<cuda_vmm> a(cuda_vmm(0, 64 * C), test_options());
+  const std::size_t n = 4 * C;
+  constexpr std::uint64_t spin_ns = 300'000'000;
+  const CUstream h = cu(cudaStreamPerThread);
+  void* p = nullptr;
+  cudaEvent_t done = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&done, cudaEventDisableTiming) == cudaSuccess);
+  bool queued = false;
+  std::thread t1([&] {
+    if (cudaSetDevice(0) != cudaSuccess) return;
+    p = a.allocate(n, h);
+    queued = gmlake_gpu::spin_then_fill(p, n, 1, spin_ns, cudaStreamPerThread) == cudaSuccess &&
+             cudaEventRecord(done, cudaStreamPerThread) == cudaSuccess;
+    a.deallocate(p, n, h);
+  });
+  t1.join();  // its per-thread stream's kernel still runs
+  REQUIRE(queued);
+  void* q = a.allocate(n, h);  // this thread's per-thread stream
+  const bool running = cudaEventQuery(done) == cudaErrorNotReady;
+  CHECK(running);  // 0.3 s: far longer than the steps above
+  if (running) CHECK_FALSE(overlaps(p, n, q, n));
+  REQUIRE(gmlake_gpu::fill(q, n, 2, cudaStreamPerThread) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(gmlake_gpu::mismatches(q, n, 2, cudaStreamPerThread) == 0);  // not overwritten by thread 1's kernel
+  a.deallocate(q, n, h);
+  void* r = a.allocate(n, h);  // thread 1's work is done now: its bytes may come here
+  CHECK(r != nullptr);
+  CHECK(a.check_invariants());
+  a.deallocate(r, n, h);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  cudaEventDestroy(done);
   gmlake_test::check_released(a);
 }
 

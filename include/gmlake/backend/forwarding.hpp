@@ -74,6 +74,17 @@ class forwarding {
   [[nodiscard]] errc synchronize(event_type e) noexcept { return parent().synchronize(e); }
   void destroy(event_type e) noexcept { parent().destroy(e); }
 
+  // ------------------------------------------------------------ stream identity (if the parent has it)
+
+  [[nodiscard]] std::uint64_t stream_key(stream_type s) noexcept
+    requires requires(parent_type& p) { p.stream_key(s); } {
+    return parent().stream_key(s);
+  }
+  [[nodiscard]] bool stream_eager_events(stream_type s) noexcept
+    requires requires(parent_type& p) { p.stream_eager_events(s); } {
+    return parent().stream_eager_events(s);
+  }
+
   // ------------------------------------------------------------ BackendDiagnostics (if the parent has it)
 
   [[nodiscard]] const char* failure() const noexcept requires BackendDiagnostics<parent_type> {

@@ -11,8 +11,14 @@
 // second event per stream, the mark, recorded after a stitched block's free
 // (mark()) when none is outstanding, so that a later question finds the work
 // done. Marks do not replace the events other streams wait on.
+//
+// A stream is its handle, unless the backend says more (stream_key): on CUDA the
+// per-thread default stream is one handle and another stream on each thread, so
+// its entries are per thread, and their events are recorded at each free, on the
+// freeing thread (stream_eager_events), never later from another one.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -40,20 +46,23 @@ class stream_table {
     }
   }
 
-  /// The index of stream s, adding it if new. False only if memory ran out.
+  /// The index of stream s, adding it if new. False only if memory ran out. A
+  /// backend with stream identity (stream_key) tells apart streams that share a
+  /// handle (on CUDA the per-thread default stream: one stream per thread).
   [[nodiscard]] bool index_of(stream_type s, std::uint32_t& out) noexcept {
-    if (entries_[last_].stream == s) {
+    const std::uint64_t key = key_of(s);
+    if (entries_[last_].stream == s && entries_[last_].key == key) {
       out = last_;
       return true;
     }
     for (std::uint32_t i = 0; i < entries_.size(); ++i) {
-      if (entries_[i].stream == s) {
+      if (entries_[i].stream == s && entries_[i].key == key) {
         out = last_ = i;
         return true;
       }
     }
     try {
-      entries_.push_back(entry{s});
+      entries_.push_back(entry{s, key, eager_of(s)});
     } catch (...) {
       return false;
     }
@@ -61,8 +70,15 @@ class stream_table {
     return true;
   }
 
-  /// The tag of a free on stream i, now.
-  [[nodiscard]] stream_tag on_free(std::uint32_t i) noexcept { return {i, ++entries_[i].freed}; }
+  /// The tag of a free on stream i, now. Where the backend asks for it (a handle
+  /// that names another stream on another thread), the event is recorded here, on
+  /// the freeing thread, where the handle names the stream the free was made on.
+  [[nodiscard]] stream_tag on_free(std::uint32_t i) noexcept {
+    entry& e = entries_[i];
+    const stream_tag t{i, ++e.freed};
+    if (e.eager && !hold_) (void)record(e);
+    return t;
+  }
 
   /// True if the work before tag t's free is known to be done (no driver call).
   [[nodiscard]] bool known_done(stream_tag t) const noexcept {
@@ -76,7 +92,7 @@ class stream_table {
     if (hold_) return false;
     entry& e = entries_[t.stream];
     if (!e.has_event || e.event_seq < t.seq) {
-      if (!record(e)) return false;
+      if (e.eager || !record(e)) return false;  // eager: only its own thread records
     }
     auto done = backend_.query(e.event);
     if (!done || !done.value) return false;
@@ -90,6 +106,7 @@ class stream_table {
   void mark(stream_tag t) noexcept {
     if (hold_ || known_done(t)) return;
     entry& e = entries_[t.stream];
+    if (e.eager) return;  // its free recorded an event already
     if (e.has_mark && !retire_mark(e)) return;
     auto ev = backend_.record(e.stream);
     if (!ev) return;
@@ -125,7 +142,7 @@ class stream_table {
     if (hold_) return false;
     entry& e = entries_[t.stream];
     if (!e.has_event || e.event_seq < t.seq) {
-      if (!record(e)) return false;
+      if (e.eager || !record(e)) return false;
     }
     if (backend_.synchronize(e.event) != errc::ok) return false;
     ++waits_;
@@ -145,7 +162,7 @@ class stream_table {
         auto done = backend_.query(e.event);
         if (done && done.value) complete(e);
       }
-      if (e.done >= e.freed || (e.has_event && e.event_seq >= e.freed) || !record(e)) continue;
+      if (e.done >= e.freed || (e.has_event && e.event_seq >= e.freed) || e.eager || !record(e)) continue;
       auto done = backend_.query(e.event);
       if (done && done.value) complete(e);
     }
@@ -189,6 +206,8 @@ class stream_table {
  private:
   struct entry {
     stream_type stream{};
+    std::uint64_t key = 0;        ///< the backend's identity of the stream (0 without one)
+    bool eager = false;           ///< events recorded at each free, never later (stream_eager_events)
     std::uint64_t freed = 0;      ///< frees on this stream so far
     std::uint64_t done = 0;       ///< frees known complete
     std::uint64_t event_seq = 0;  ///< frees the pending event covers
@@ -222,6 +241,19 @@ class stream_table {
     if (e.event_seq > e.done) e.done = e.event_seq;
     backend_.destroy(e.event);
     e.has_event = false;
+  }
+
+  std::uint64_t key_of(stream_type s) noexcept {
+    if constexpr (requires(Backend& b) { { b.stream_key(s) } -> std::convertible_to<std::uint64_t>; })
+      return backend_.stream_key(s);
+    else
+      return 0;
+  }
+  bool eager_of(stream_type s) noexcept {
+    if constexpr (requires(Backend& b) { { b.stream_eager_events(s) } -> std::convertible_to<bool>; })
+      return backend_.stream_eager_events(s);
+    else
+      return false;
   }
 
   Backend& backend_;
