@@ -56,9 +56,9 @@ struct statistics {
   /// Chunk bytes whose undo (unmap or release) failed: the backend may still hold
   /// them; quarantined (never handed out), retried on growth, release_cached() and
   /// in the destructor. Not in reserved_bytes, but for a chunk the small arena
-  /// borrowed whose unmap there failed: that chunk is still the large arena's, so it
-  /// is in reserved_bytes once (as the large arena's) and here too, until the unmap is
-  /// retried and the loan goes back.
+  /// was borrowing whose access call and then the unmap undoing it failed: that chunk
+  /// is still the large arena's, so it is in reserved_bytes (once) and here too, until
+  /// the unmap is retried and the loan goes back.
   stat quarantined_bytes;
   /// Stitched blocks given up on whose unmap or address free failed: kept, retried
   /// likewise. Not in stitched_blocks.
