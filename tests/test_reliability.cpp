@@ -492,10 +492,11 @@ TEST_CASE("reliability: random faults of every kind, every configuration, the ba
 // Regression: the shortfall was created in one contiguous address range only; with
 // the arena's address space cut into holes smaller than the request, a request
 // failed while the backend had the memory.
-TEST_CASE("reliability: shortfall chunks in several address ranges") {
-  gmlake::options o = small_opts();
-  o.va_factor = 1;  // the arena's address space is the capacity: holes are what frees leave
-  gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), o);
+namespace {
+/// Cuts a's address space into holes of one chunk (every other chunk freed and
+/// released, half the backend free), then asks for 8 chunks: no hole holds them.
+template <class Alloc>
+void shortfall_in_several_ranges(Alloc& a, unsigned char seed) {
   std::vector<void*> all;
   for (std::size_t i = 0; i < cap / C; ++i) all.push_back(a.allocate(C));
   for (std::size_t i = 0; i < all.size(); i += 2) {
@@ -506,12 +507,20 @@ TEST_CASE("reliability: shortfall chunks in several address ranges") {
   REQUIRE(a.stats().reserved_bytes.current == static_cast<std::int64_t>(cap / 2));
   void* p = a.try_allocate(8 * C);
   REQUIRE(p != nullptr);
-  touch(p, 8 * C, 6);
+  touch(p, 8 * C, seed);
   CHECK(a.check_invariants());
   a.deallocate(p);
   for (void* q : all)
     if (q) a.deallocate(q);
   gmlake_test::check_released(a);
+}
+} // namespace
+
+TEST_CASE("reliability: shortfall chunks in several address ranges") {
+  gmlake::options o = small_opts();
+  o.va_factor = 1;  // the arena's address space is the capacity: holes are what frees leave
+  gmlake::gmlake_allocator<host_memfd> a(host_memfd(cap, C), o);
+  shortfall_in_several_ranges(a, 6);
 }
 
 TEST_CASE_TEMPLATE("reliability: a stitching policy without the shortfall path creates in several ranges too", P,
@@ -521,20 +530,5 @@ TEST_CASE_TEMPLATE("reliability: a stitching policy without the shortfall path c
   P pol;
   pol.shortfall = false;  // S4 makes the request a new segment, which needs one hole
   gmlake::basic_allocator<host_memfd, P> a(host_memfd(cap, C), o, pol);
-  std::vector<void*> all;
-  for (std::size_t i = 0; i < cap / C; ++i) all.push_back(a.allocate(C));
-  for (std::size_t i = 0; i < all.size(); i += 2) {
-    a.deallocate(all[i]);
-    all[i] = nullptr;
-  }
-  (void)a.release_cached();  // 32 holes of one chunk, 32 chunks free in the backend
-  REQUIRE(a.stats().reserved_bytes.current == static_cast<std::int64_t>(cap / 2));
-  void* p = a.try_allocate(8 * C);
-  REQUIRE(p != nullptr);
-  touch(p, 8 * C, 7);
-  CHECK(a.check_invariants());
-  a.deallocate(p);
-  for (void* q : all)
-    if (q) a.deallocate(q);
-  gmlake_test::check_released(a);
+  shortfall_in_several_ranges(a, 7);
 }
