@@ -722,7 +722,7 @@ namespace {
 /// The simulated backend with one handle that names another stream on each thread,
 /// as CUDA's per-thread default stream (cudaStreamPerThread) does: `thread` is the
 /// calling thread; an event recorded on the handle goes to that thread's stream. It
-/// says so as cuda_vmm does (stream_key, stream_eager_events).
+/// says so as cuda_vmm does (stream_key).
 struct per_thread_streams : gmlake::backend::forwarding<simulated> {
   using forwarding::forwarding;
   static constexpr auto handle = gmlake::host_stream{2};
@@ -737,7 +737,6 @@ struct per_thread_streams : gmlake::backend::forwarding<simulated> {
     return parent().record(real(s));
   }
   std::uint64_t stream_key(stream_type s) const noexcept { return s == handle ? static_cast<std::uint64_t>(thread) : 0; }
-  static bool stream_eager_events(stream_type s) noexcept { return s == handle; }
 };
 } // namespace
 

@@ -327,18 +327,14 @@ class cuda_vmm {
   /// @brief Tells apart the streams that share a handle: the per-thread default
   ///        stream (`CU_STREAM_PER_THREAD`, `cudaStreamPerThread`) is another stream on
   ///        each thread, so its key is the calling thread's (unique for the life of the
-  ///        process); any other handle is one stream (0).
+  ///        process; the allocator then records each free's event at the free, on the
+  ///        freeing thread); any other handle is one stream (0).
   [[nodiscard]] static std::uint64_t stream_key(stream_type s) noexcept {
     if (s != CU_STREAM_PER_THREAD) return 0;
     static std::atomic<std::uint64_t> threads{0};
     thread_local const std::uint64_t mine = threads.fetch_add(1, std::memory_order_relaxed) + 1;
     return mine;
   }
-  /// @brief Whether a free on s records the event that orders it at the free, on the
-  ///        freeing thread, instead of when another stream asks: for the per-thread
-  ///        default stream, where a record made later on another thread would go to
-  ///        that thread's stream.
-  [[nodiscard]] static bool stream_eager_events(stream_type s) noexcept { return s == CU_STREAM_PER_THREAD; }
 
   // ------------------------------------------------------------ outside the concept
 

@@ -80,10 +80,6 @@ class forwarding {
     requires requires(parent_type& p) { p.stream_key(s); } {
     return parent().stream_key(s);
   }
-  [[nodiscard]] bool stream_eager_events(stream_type s) noexcept
-    requires requires(parent_type& p) { p.stream_eager_events(s); } {
-    return parent().stream_eager_events(s);
-  }
 
   // ------------------------------------------------------------ BackendDiagnostics (if the parent has it)
 

@@ -12,10 +12,11 @@
 // (mark()) when none is outstanding, so that a later question finds the work
 // done. Marks do not replace the events other streams wait on.
 //
-// A stream is its handle, unless the backend says more (stream_key): on CUDA the
-// per-thread default stream is one handle and another stream on each thread, so
-// its entries are per thread, and their events are recorded at each free, on the
-// freeing thread (stream_eager_events), never later from another one.
+// A stream is its handle, unless the backend says more: a nonzero stream_key(s)
+// names, among the streams that share handle s, the one this thread means (on CUDA
+// the per-thread default stream, another stream on each thread). Such an entry is
+// per key, and its events are recorded at each free, on the freeing thread, never
+// later from another one, where the handle would name another stream.
 #pragma once
 
 #include <concepts>
@@ -62,7 +63,7 @@ class stream_table {
       }
     }
     try {
-      entries_.push_back(entry{s, key, eager_of(s)});
+      entries_.push_back(entry{s, key});
     } catch (...) {
       return false;
     }
@@ -76,7 +77,7 @@ class stream_table {
   [[nodiscard]] stream_tag on_free(std::uint32_t i) noexcept {
     entry& e = entries_[i];
     const stream_tag t{i, ++e.freed};
-    if (e.eager && !hold_) (void)record(e);
+    if (e.shared() && !hold_) (void)record(e);
     return t;
   }
 
@@ -92,7 +93,7 @@ class stream_table {
     if (hold_) return false;
     entry& e = entries_[t.stream];
     if (!e.has_event || e.event_seq < t.seq) {
-      if (e.eager || !record(e)) return false;  // eager: only its own thread records
+      if (!record_later(e)) return false;
     }
     auto done = backend_.query(e.event);
     if (!done || !done.value) return false;
@@ -106,7 +107,7 @@ class stream_table {
   void mark(stream_tag t) noexcept {
     if (hold_ || known_done(t)) return;
     entry& e = entries_[t.stream];
-    if (e.eager) return;  // its free recorded an event already
+    if (e.shared()) return;  // its free recorded an event already
     if (e.has_mark && !retire_mark(e)) return;
     auto ev = backend_.record(e.stream);
     if (!ev) return;
@@ -142,7 +143,7 @@ class stream_table {
     if (hold_) return false;
     entry& e = entries_[t.stream];
     if (!e.has_event || e.event_seq < t.seq) {
-      if (e.eager || !record(e)) return false;
+      if (!record_later(e)) return false;
     }
     if (backend_.synchronize(e.event) != errc::ok) return false;
     ++waits_;
@@ -162,7 +163,7 @@ class stream_table {
         auto done = backend_.query(e.event);
         if (done && done.value) complete(e);
       }
-      if (e.done >= e.freed || (e.has_event && e.event_seq >= e.freed) || e.eager || !record(e)) continue;
+      if (e.done >= e.freed || (e.has_event && e.event_seq >= e.freed) || !record_later(e)) continue;
       auto done = backend_.query(e.event);
       if (done && done.value) complete(e);
     }
@@ -206,8 +207,8 @@ class stream_table {
  private:
   struct entry {
     stream_type stream{};
-    std::uint64_t key = 0;        ///< the backend's identity of the stream (0 without one)
-    bool eager = false;           ///< events recorded at each free, never later (stream_eager_events)
+    std::uint64_t key = 0;        ///< stream_key: which of the streams sharing the handle (0: the handle's one)
+    [[nodiscard]] bool shared() const noexcept { return key != 0; }
     std::uint64_t freed = 0;      ///< frees on this stream so far
     std::uint64_t done = 0;       ///< frees known complete
     std::uint64_t event_seq = 0;  ///< frees the pending event covers
@@ -227,6 +228,10 @@ class stream_table {
     e.has_mark = false;
     return true;
   }
+
+  /// Records an event after e's latest free, now, for a question from any thread:
+  /// not for a shared handle, whose free recorded its own (false).
+  bool record_later(entry& e) noexcept { return !e.shared() && record(e); }
 
   bool record(entry& e) noexcept {
     auto ev = backend_.record(e.stream);
@@ -248,12 +253,6 @@ class stream_table {
       return backend_.stream_key(s);
     else
       return 0;
-  }
-  bool eager_of(stream_type s) noexcept {
-    if constexpr (requires(Backend& b) { { b.stream_eager_events(s) } -> std::convertible_to<bool>; })
-      return backend_.stream_eager_events(s);
-    else
-      return false;
   }
 
   Backend& backend_;
