@@ -13,6 +13,7 @@
 #include <memory>
 #include <memory_resource>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -768,6 +769,61 @@ TEST_CASE("stream order: the per-thread default stream is one stream per thread"
   b.freeing_thread = 2;
   a.deallocate(q, 4 * C, h);
   a.deallocate(r, 4 * C, h);
+  gmlake_test::check_released(a);
+}
+
+namespace {
+/// The simulated backend that knows a stream handle destroyed: an event recorded
+/// on it counts as a use of a dead handle (on CUDA: undefined behaviour).
+struct destroyable_streams : gmlake::backend::forwarding<simulated> {
+  using forwarding::forwarding;
+  std::optional<gmlake::host_stream> dead;
+  int dead_records = 0;
+  gmlake::result<event_type> record(stream_type s) noexcept {
+    if (dead == s) ++dead_records;
+    return parent().record(s);
+  }
+};
+} // namespace
+
+TEST_CASE("stream order: a forgotten stream's frees are usable at once, and its handle is never used again") {
+  gmlake::options o = opts();
+  o.small_max = 0;
+  gmlake::allocator<destroyable_streams> a(destroyable_streams(cap, C), o);
+  auto& b = a.backend();
+  b.parent().set_auto_complete(false);
+  const gmlake::host_stream s1{1}, s2{2};
+  void* p = a.allocate(4 * C, s1);
+  a.deallocate(p, 4 * C, s1);
+  b.parent().complete(s1);  // the job synchronizes s1 ...
+  bool forget = false;
+  SUBCASE("forgotten") { forget = true; }
+  SUBCASE("not forgotten") {}
+  if (forget) a.forget_stream(s1);
+  b.dead = s1;  // ... and destroys it
+  void* q = a.allocate(4 * C, s2);
+  if (forget) {
+    CHECK(q == p);  // done, as the caller promised: no event needed
+    CHECK(b.dead_records == 0);
+  } else {
+    CHECK(b.dead_records == 1);  // why forget_stream exists: the lazy event goes to the dead handle
+  }
+  a.deallocate(q, 4 * C, s2);
+  // A stream made later with the same handle is a new stream: its frees are pending.
+  b.dead.reset();
+  a.forget_stream(gmlake::host_stream{7});  // a stream never seen: nothing
+  a.forget_stream(gmlake::host_stream{});   // the default stream: never forgotten
+  void* r = a.allocate(4 * C, s1);
+  void* fence = a.allocate(4 * C, s1);
+  a.deallocate(r, 4 * C, s1);
+  void* t = a.allocate(4 * C, s2);
+  CHECK(t != r);  // s1's new work is pending
+  CHECK(a.check_invariants());
+  b.parent().set_auto_complete(true);
+  b.parent().complete(s1);
+  b.parent().complete(s2);
+  a.deallocate(t, 4 * C, s2);
+  a.deallocate(fence, 4 * C, s1);
   gmlake_test::check_released(a);
 }
 

@@ -192,6 +192,17 @@ class basic_allocator {
     return release_cached_locked();
   }
 
+  /// @brief Forgets `stream` before it is destroyed. The caller promises that its
+  ///        work is done (cudaStreamSynchronize): the bytes freed on it become usable
+  ///        on every stream at once, and no event is ever recorded on its handle
+  ///        again. Without this call, a stream destroyed while frees made on it are
+  ///        not known done may later get an event recorded on its dead handle. No
+  ///        effect on the default stream or on a stream the allocator has not seen.
+  void forget_stream(stream_type stream) noexcept {
+    std::lock_guard lock(mutex_);
+    streams_.forget(stream);
+  }
+
   /// A snapshot of the statistics.
   [[nodiscard]] statistics stats() const {
     std::lock_guard lock(mutex_);

@@ -247,6 +247,7 @@ class recording_allocator {
   [[nodiscard]] std::size_t max_alignment() const noexcept { return a_->max_alignment(); }
   [[nodiscard]] statistics stats() const { return a_->stats(); }
   std::size_t release_cached() noexcept { return a_->release_cached(); }
+  void forget_stream(stream_type stream) noexcept { a_->forget_stream(stream); }
   [[nodiscard]] bool check_invariants() const { return a_->check_invariants(); }
   [[nodiscard]] Allocator& allocator() const noexcept { return *a_; }
 

@@ -417,6 +417,37 @@ TEST_CASE("stream order: cudaStreamPerThread on two threads is two streams") {
   gmlake_test::check_released(a);
 }
 
+TEST_CASE("stream order: a stream forgotten before it is destroyed") {
+  // Its frees are usable on another stream at once, and nothing is recorded on the
+  // destroyed handle (compute-sanitizer reports an event recorded on a dead stream).
+  const std::size_t C = device_granularity();
+  gmlake::allocator<cuda_vmm> a(cuda_vmm(0, 64 * C), test_options());
+  const std::size_t n = 4 * C;
+  cudaStream_t s1 = nullptr, s2 = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking) == cudaSuccess);
+  void* fence = a.allocate(n, cu(s1));
+  void* p = a.allocate(n, cu(s1));
+  REQUIRE(gmlake_gpu::fill(p, n, 1, s1) == cudaSuccess);
+  a.deallocate(p, n, cu(s1));
+  a.deallocate(fence, n, cu(s1));
+  REQUIRE(cudaStreamSynchronize(s1) == cudaSuccess);
+  a.forget_stream(cu(s1));
+  REQUIRE(cudaStreamDestroy(s1) == cudaSuccess);
+  void* q = a.allocate(n, cu(s2));
+  void* r = a.allocate(n, cu(s2));
+  CHECK((overlaps(p, n, q, n) || overlaps(p, n, r, n)));  // s1's bytes, without an event on s1
+  REQUIRE(gmlake_gpu::fill(q, n, 2, s2) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s2) == cudaSuccess);
+  CHECK(gmlake_gpu::mismatches(q, n, 2, s2) == 0);
+  CHECK(a.check_invariants());
+  a.deallocate(q, n, cu(s2));
+  a.deallocate(r, n, cu(s2));
+  REQUIRE(cudaStreamSynchronize(s2) == cudaSuccess);
+  gmlake_test::check_released(a);
+  REQUIRE(cudaStreamDestroy(s2) == cudaSuccess);
+}
+
 TEST_CASE("real device OOM: nullptr / out_of_memory, state intact, every byte back") {
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   const std::size_t free0 = free_device_bytes();

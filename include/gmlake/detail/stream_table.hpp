@@ -17,6 +17,10 @@
 // the per-thread default stream, another stream on each thread). Such an entry is
 // per key, and its events are recorded at each free, on the freeing thread, never
 // later from another one, where the handle would name another stream.
+//
+// A stream about to be destroyed is forgotten (forget): its work done, as the
+// caller promises, its frees count as done and its entry answers to no handle, so
+// no event is ever recorded on the dead handle.
 #pragma once
 
 #include <concepts>
@@ -52,12 +56,12 @@ class stream_table {
   /// handle (on CUDA the per-thread default stream: one stream per thread).
   [[nodiscard]] bool index_of(stream_type s, std::uint32_t& out) noexcept {
     const std::uint64_t key = key_of(s);
-    if (entries_[last_].stream == s && entries_[last_].key == key) {
+    if (entries_[last_].answers(s, key)) {
       out = last_;
       return true;
     }
     for (std::uint32_t i = 0; i < entries_.size(); ++i) {
-      if (entries_[i].stream == s && entries_[i].key == key) {
+      if (entries_[i].answers(s, key)) {
         out = last_ = i;
         return true;
       }
@@ -186,6 +190,24 @@ class stream_table {
     return ok;
   }
 
+  /// Stream s (this thread's, for a shared handle) is done and about to be destroyed:
+  /// its frees count as done, its events go back, and its entry answers to no handle
+  /// any more (a stream made later with the same handle gets a new one). The
+  /// default stream (index 0) is never forgotten.
+  void forget(stream_type s) noexcept {
+    const std::uint64_t key = key_of(s);
+    for (std::uint32_t i = 1; i < entries_.size(); ++i) {
+      entry& e = entries_[i];
+      if (!e.answers(s, key)) continue;
+      if (e.has_event) backend_.destroy(e.event);
+      if (e.has_mark) backend_.destroy(e.mark);
+      e.has_event = e.has_mark = false;
+      e.done = e.freed;
+      e.forgotten = true;
+      if (last_ == i) last_ = 0;
+    }
+  }
+
   /// Waits for every stream's frees so far. False on a backend failure.
   [[nodiscard]] bool wait_all() noexcept {
     bool ok = true;
@@ -208,7 +230,11 @@ class stream_table {
   struct entry {
     stream_type stream{};
     std::uint64_t key = 0;        ///< stream_key: which of the streams sharing the handle (0: the handle's one)
+    bool forgotten = false;       ///< destroyed (forget): answers to no handle
     [[nodiscard]] bool shared() const noexcept { return key != 0; }
+    [[nodiscard]] bool answers(stream_type s, std::uint64_t k) const noexcept {
+      return stream == s && key == k && !forgotten;
+    }
     std::uint64_t freed = 0;      ///< frees on this stream so far
     std::uint64_t done = 0;       ///< frees known complete
     std::uint64_t event_seq = 0;  ///< frees the pending event covers
