@@ -19,9 +19,13 @@
 //    queries events, or releases memory (gmlake's capture mode), and driver calls
 //    run in the relaxed capture mode, as PyTorch's own allocator does;
 //  - a block used on other streams (record_stream) goes back to gmlake only once
-//    events recorded on those streams at its free have completed.
+//    events recorded on those streams at its free have completed;
+//  - set_per_process_memory_fraction caps the physical memory of the device's
+//    allocator and its graph pools together, as PyTorch's own allocator does.
 //
 // One mutex per device guards this file's state; gmlake's allocators have their own.
+// The history (memory snapshots, trace trackers, out-of-memory observers) has one
+// more, taken after a device's when both are held.
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
@@ -98,6 +102,7 @@ struct pool {
   MempoolId_t id;
   std::unique_ptr<core> alloc;
   int use_count = 0;       // captures and MemPools holding it
+  bool use_on_oom = false; // MemPool(use_on_oom=True): serves the device's requests it cannot
   std::size_t live = 0;    // blocks not yet freed
 };
 
@@ -138,10 +143,20 @@ struct request_stats {
   }
 };
 
+/// The gmlake-side counters at the last reset_accumulated_memory_stats(), so that
+/// the figures PyTorch reads count from there.
+struct accumulated_base {
+  std::int64_t device_alloc = 0, device_free = 0, retries = 0, waits = 0;
+  std::int64_t reserved_allocated = 0, reserved_freed = 0, segments_allocated = 0, segments_freed = 0;
+};
+
 struct device_state {
   std::mutex m;
-  std::unique_ptr<core> main;
-  double fraction = 1.0;
+  std::unique_ptr<core> main;   // made once, under m, by the first call that needs it
+  std::atomic<bool> made{false};  // main is made (for readers that do not hold m)
+  double fraction = 1.0;        // set_per_process_memory_fraction: of the device allocator and graph pools together
+  accumulated_base base;
+  gmlake::statistics retired;   // the counts of graph pools destroyed
   std::map<MempoolId_t, std::unique_ptr<pool>> pools;
   std::vector<std::pair<MempoolId_t, std::function<bool(cudaStream_t)>>> captures;  // under way
   std::deque<pending_free> pending;          // record_stream frees waiting for events
@@ -153,6 +168,7 @@ struct device_state {
   c10::CachingAllocator::Stat reserved_small, reserved_large, segments_small, segments_large;
   std::vector<cca::TraceEntry> trace;        // history while recording
   std::size_t trace_next = 0;                // ring position once full
+  std::size_t trace_max = 0;                 // the ring's size (max_entries when it was last ordered)
 };
 
 /// Every live block by pointer, in shards (frees come from any thread, for any device).
@@ -243,8 +259,11 @@ class native_allocator final : public cca::CUDAAllocator {
     });
   }
 
+  // The statistics calls make no allocator (that would open a context on the device):
+  // a device gmlake has not served reads as zeros.
+
   cca::DeviceStats getDeviceStats(DeviceIndex device) override {
-    device_state& d = state(device);
+    device_state& d = slot(device);
     std::lock_guard lock(d.m);
     cca::DeviceStats r;
     const request_stats& q = d.stats;
@@ -255,42 +274,53 @@ class native_allocator final : public cca::CUDAAllocator {
     r.requested_bytes = q.requested_bytes;
     r.num_ooms = q.num_ooms;
     gmlake::statistics g = totals(d);
-    r.num_sync_all_streams = q.num_sync_all_streams + static_cast<std::int64_t>(g.stream_waits);
-    r.num_alloc_retries = q.num_alloc_retries + static_cast<std::int64_t>(g.num_alloc_retries);
+    const accumulated_base now = accumulated(g);
+    const accumulated_base& b = d.base;
+    r.num_sync_all_streams = q.num_sync_all_streams + since(now.waits, b.waits);
+    r.num_alloc_retries = q.num_alloc_retries + since(now.retries, b.retries);
     sample_reserved(d);
     const auto agg = static_cast<std::size_t>(StatType::AGGREGATE);
     const auto sm = static_cast<std::size_t>(StatType::SMALL_POOL);
     const auto lg = static_cast<std::size_t>(StatType::LARGE_POOL);
     copy(r.reserved_bytes[agg], g.reserved_bytes);
+    r.reserved_bytes[agg].allocated = since(now.reserved_allocated, b.reserved_allocated);
+    r.reserved_bytes[agg].freed = since(now.reserved_freed, b.reserved_freed);
     copy(r.segment[agg], g.chunks);
+    r.segment[agg].allocated = since(now.segments_allocated, b.segments_allocated);
+    r.segment[agg].freed = since(now.segments_freed, b.segments_freed);
     r.reserved_bytes[sm] = d.reserved_small;
     r.reserved_bytes[lg] = d.reserved_large;
     r.segment[sm] = d.segments_small;
     r.segment[lg] = d.segments_large;
-    r.num_device_alloc = static_cast<std::int64_t>(g.calls[static_cast<std::size_t>(gmlake::call::create)]);
-    r.num_device_free = static_cast<std::int64_t>(g.calls[static_cast<std::size_t>(gmlake::call::release)]);
+    r.num_device_alloc = since(now.device_alloc, b.device_alloc);
+    r.num_device_free = since(now.device_free, b.device_free);
     r.max_split_size = -1;
     return r;
   }
 
   void resetAccumulatedStats(DeviceIndex device) override {
-    device_state& d = state(device);
+    device_state& d = slot(device);
     std::lock_guard lock(d.m);
+    sample_reserved(d);  // the arenas' figures as they are now, then reset
     for (stat_array* a : {&d.stats.allocation, &d.stats.active, &d.stats.allocated_bytes, &d.stats.active_bytes,
                           &d.stats.requested_bytes})
       for (auto& s : *a) s.reset_accumulated();
+    for (auto* s : {&d.reserved_small, &d.reserved_large, &d.segments_small, &d.segments_large}) s->reset_accumulated();
     d.stats.num_ooms = d.stats.num_alloc_retries = d.stats.num_sync_all_streams = 0;
+    d.base = accumulated(totals(d));  // device allocations and frees, retries, waits, reserved and segments
   }
 
   void resetPeakStats(DeviceIndex device) override {
-    device_state& d = state(device);
+    device_state& d = slot(device);
     std::lock_guard lock(d.m);
+    sample_reserved(d);
     for (stat_array* a : {&d.stats.allocation, &d.stats.active, &d.stats.allocated_bytes, &d.stats.active_bytes,
                           &d.stats.requested_bytes})
       for (auto& s : *a) s.reset_peak();
     for (auto* s : {&d.reserved_small, &d.reserved_large, &d.segments_small, &d.segments_large}) s->reset_peak();
-    d.main->reset_peaks();
+    if (d.main) d.main->reset_peaks();
     for (auto& [id, p] : d.pools) p->alloc->reset_peaks();
+    for (gmlake::stat* g : gauges(d.retired)) g->peak = 0;
   }
 
   // ---------------------------------------------------------------- CUDAAllocator
@@ -317,23 +347,16 @@ class native_allocator final : public cca::CUDAAllocator {
   }
 
   double getMemoryFraction(DeviceIndex device) override {
-    device_state& d = state(device);
+    device_state& d = slot(device);
     std::lock_guard lock(d.m);
     return d.fraction;
   }
 
   void setMemoryFraction(double fraction, DeviceIndex device) override {
     TORCH_CHECK(fraction >= 0 && fraction <= 1, "gmlake: invalid fraction ", fraction, ", must be in [0, 1]");
-    device_state& d = state(device);
+    device_state& d = slot(device);
     std::lock_guard lock(d.m);
-    d.fraction = fraction;
-    auto& be = d.main->backend();
-    // The cap applies to the device's allocator and to each graph pool's, each
-    // counting the physical memory it holds itself.
-    const std::size_t cap =
-        static_cast<std::size_t>(fraction * static_cast<double>(be.capacity())) / be.granularity() * be.granularity();
-    be.set_limit(cap);
-    for (auto& [id, p] : d.pools) p->alloc->backend().set_limit(cap);
+    d.fraction = fraction;  // applied at each allocation (apply_fraction)
   }
 
   std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(DeviceIndex) override { return {}; }
@@ -342,8 +365,17 @@ class native_allocator final : public cca::CUDAAllocator {
   bool isEnabled() const override { return true; }
 
   void cacheInfo(DeviceIndex device, std::size_t* largest) override {
-    device_state& d = state(device);
+    device_state& d = slot(device);
+    if (*largest == 0) {  // as PyTorch's own: a first guess, the device's free memory
+      c10::cuda::CUDAGuard guard(device);
+      std::size_t total = 0;
+      if (cudaMemGetInfo(largest, &total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        *largest = 0;
+      }
+    }
     std::lock_guard lock(d.m);
+    if (!d.main) return;
     const gmlake::memory_breakdown m = d.main->breakdown();
     // The largest request served without new memory is at most every free whole chunk stitched.
     *largest = std::max<std::size_t>(*largest, m.large_free_whole);
@@ -398,6 +430,21 @@ class native_allocator final : public cca::CUDAAllocator {
     --it->second->use_count;  // its memory goes back at empty_cache or when memory runs out
   }
 
+  /// MemPool(use_on_oom=True): a request the device's allocator cannot serve is
+  /// served from this pool's memory, as PyTorch's own allocator does.
+  void setUseOnOOM(DeviceIndex device, MempoolId_t id, bool use_on_oom) override {
+    device_state& d = state(device);
+    std::lock_guard lock(d.m);
+    auto it = d.pools.find(id);
+    if (it != d.pools.end()) it->second->use_on_oom = use_on_oom;
+    else if (use_on_oom) pool_of(d, id).use_on_oom = true;
+  }
+
+  /// MemPool(no_split=True): PyTorch's own allocator then never splits the pool's
+  /// segments. Nothing to do here: a gmlake block is never part of a larger one
+  /// handed out (getBaseAllocation is the block itself).
+  void setNoSplit(DeviceIndex /*device*/, MempoolId_t /*id*/) override {}
+
   int getPoolUseCount(DeviceIndex device, MempoolId_t id) override {
     device_state& d = state(device);
     std::lock_guard lock(d.m);
@@ -437,20 +484,23 @@ class native_allocator final : public cca::CUDAAllocator {
 
   bool isHistoryEnabled() override { return record_.load(); }
 
+  // Locks: a device's m, then history_mutex_ (record_trace); never the other way
+  // round, so recordHistory lets go of history_mutex_ before it touches the devices.
+
   void recordHistory(bool enabled, cca::CreateContextFn context_recorder, std::size_t max_entries,
                      cca::RecordContext when, bool clear, const std::vector<std::string>& /*skip_actions*/) override {
-    std::lock_guard lock(history_mutex_);
-    context_recorder_ = context_recorder;
-    record_when_ = enabled ? when : cca::RecordContext::NEVER;
-    max_entries_ = std::max<std::size_t>(max_entries, 1);
-    record_.store(enabled);
-    if (clear || enabled)
+    {
+      std::lock_guard lock(history_mutex_);
+      context_recorder_ = context_recorder;
+      record_when_ = enabled ? when : cca::RecordContext::NEVER;
+      max_entries_ = std::max<std::size_t>(max_entries, 1);  // each device's ring follows at its next entry
+      record_.store(enabled);
+    }
+    if (clear || !enabled)  // as PyTorch's own: turning history off clears it
       for_each_device([&](device_state& d) {
         std::lock_guard dl(d.m);
-        if (clear) {
-          d.trace.clear();
-          d.trace_next = 0;
-        }
+        d.trace.clear();
+        d.trace_next = 0;
       });
   }
 
@@ -461,7 +511,10 @@ class native_allocator final : public cca::CUDAAllocator {
 
   void attachAllocatorTraceTracker(cca::AllocatorTraceTracker tracker) override {
     std::lock_guard lock(history_mutex_);
-    trackers_.push_back(std::move(tracker));
+    auto more = std::make_shared<std::vector<cca::AllocatorTraceTracker>>(*trackers_);
+    more->push_back(std::move(tracker));
+    trackers_ = std::move(more);  // copy on write: record_trace calls its copy without the lock
+    tracked_.store(true);
   }
 
   void enablePeerAccess(DeviceIndex dev, DeviceIndex dev_to_access) override {
@@ -585,14 +638,21 @@ class native_allocator final : public cca::CUDAAllocator {
   }
 
  private:
-  device_state& state(DeviceIndex device) {
+  /// The device's state, its allocator not necessarily made (d.main may be null).
+  device_state& slot(DeviceIndex device) {
     if (!initialized_.load()) init(c10::cuda::device_count());
     TORCH_CHECK(device >= 0 && static_cast<std::size_t>(device) < devices_.size(), "gmlake: no CUDA device ",
                 static_cast<int>(device));
-    device_state& d = *devices_[device];
-    if (!d.main) {
+    return *devices_[device];
+  }
+
+  /// The device's state with its allocator, made on first use.
+  device_state& state(DeviceIndex device) {
+    device_state& d = slot(device);
+    if (!d.made.load(std::memory_order_acquire)) {
       std::lock_guard lock(d.m);
       if (!d.main) d.main = make_core(device, false);
+      d.made.store(true, std::memory_order_release);
     }
     return d;
   }
@@ -603,7 +663,7 @@ class native_allocator final : public cca::CUDAAllocator {
   void for_each_device(F f) {
     if (!initialized_.load()) return;
     for (auto& d : devices_)
-      if (d->main) f(*d);
+      if (d->made.load(std::memory_order_acquire)) f(*d);
   }
 
   static std::unique_ptr<core> make_core(DeviceIndex device, bool capture) {
@@ -621,38 +681,100 @@ class native_allocator final : public cca::CUDAAllocator {
     if (!p) {
       p = std::make_unique<pool>();
       p->id = id;
-      // Same device, same cap: the pool's backend shares the device allocator's limit.
+      // Same device; the memory fraction caps it together with the device's allocator (apply_fraction).
       p->alloc = make_core(static_cast<DeviceIndex>(d.main->backend().device()), true);
-      p->alloc->backend().set_limit(d.main->backend().limit());
     }
     return *p;
   }
 
+  /// The device's statistics: its allocator's, its graph pools' and those of the
+  /// pools destroyed so far (their counts; nothing current), summed.
   static gmlake::statistics totals(device_state& d) {
-    gmlake::statistics t = d.main->stats();
-    for (auto& [id, p] : d.pools) {
-      const gmlake::statistics s = p->alloc->stats();
-      for (auto [to, from] : {std::pair{&t.requested_bytes, &s.requested_bytes}, {&t.active_bytes, &s.active_bytes},
-                              {&t.reserved_bytes, &s.reserved_bytes}, {&t.mapped_bytes, &s.mapped_bytes},
-                              {&t.chunks, &s.chunks}, {&t.stitched_blocks, &s.stitched_blocks},
-                              {&t.allocations, &s.allocations}}) {
-        to->current += from->current;
-        to->peak += from->peak;  // a bound: pools' peaks need not coincide
-        to->allocated += from->allocated;
-        to->freed += from->freed;
-      }
-      for (std::size_t i = 0; i < t.fit.size(); ++i) t.fit[i] += s.fit[i];
-      for (std::size_t i = 0; i < t.calls.size(); ++i) t.calls[i] += s.calls[i];
-      t.cached_stitch_hits += s.cached_stitch_hits;
-      t.evictions += s.evictions;
-      t.stream_waits += s.stream_waits;
-      t.num_alloc_retries += s.num_alloc_retries;
-      t.num_ooms += s.num_ooms;
-      t.invalid_frees += s.invalid_frees;
-      t.lent_bytes += s.lent_bytes;
-      t.borrowed_bytes += s.borrowed_bytes;
-    }
+    gmlake::statistics t = d.main ? d.main->stats() : gmlake::statistics{};
+    add(t, d.retired);
+    for (auto& [id, p] : d.pools) add(t, p->alloc->stats());
     return t;
+  }
+
+  static void add(gmlake::statistics& t, const gmlake::statistics& s) {
+    for (auto [to, from] : {std::pair{&t.requested_bytes, &s.requested_bytes}, {&t.active_bytes, &s.active_bytes},
+                            {&t.reserved_bytes, &s.reserved_bytes}, {&t.mapped_bytes, &s.mapped_bytes},
+                            {&t.chunks, &s.chunks}, {&t.stitched_blocks, &s.stitched_blocks},
+                            {&t.allocations, &s.allocations}, {&t.quarantined_bytes, &s.quarantined_bytes},
+                            {&t.quarantined_stitches, &s.quarantined_stitches}}) {
+      to->current += from->current;
+      to->peak += from->peak;  // a bound: pools' peaks need not coincide
+      to->allocated += from->allocated;
+      to->freed += from->freed;
+    }
+    for (std::size_t i = 0; i < t.fit.size(); ++i) t.fit[i] += s.fit[i];
+    for (std::size_t i = 0; i < t.calls.size(); ++i) t.calls[i] += s.calls[i];
+    for (std::size_t i = 0; i < t.call_failures.size(); ++i) t.call_failures[i] += s.call_failures[i];
+    t.cached_stitch_hits += s.cached_stitch_hits;
+    t.cached_stitch_repairs += s.cached_stitch_repairs;
+    t.cached_stitch_appends += s.cached_stitch_appends;
+    t.failed_cleanups += s.failed_cleanups;
+    t.evictions += s.evictions;
+    t.stream_waits += s.stream_waits;
+    t.num_alloc_retries += s.num_alloc_retries;
+    t.num_ooms += s.num_ooms;
+    t.invalid_frees += s.invalid_frees;
+    t.lent_bytes += s.lent_bytes;
+    t.borrowed_bytes += s.borrowed_bytes;
+  }
+
+  /// Keeps the counts and peaks of a graph pool about to be destroyed (its memory
+  /// released already, or by its destructor: counted as freed now).
+  static void retire(device_state& d, core& a) {
+    gmlake::statistics s = a.stats();
+    for (gmlake::stat* g : gauges(s)) {
+      g->freed += g->current;
+      g->current = 0;
+    }
+    add(d.retired, s);
+  }
+
+  static std::array<gmlake::stat*, 9> gauges(gmlake::statistics& s) {
+    return {&s.requested_bytes, &s.active_bytes,   &s.reserved_bytes,    &s.mapped_bytes,        &s.chunks,
+            &s.stitched_blocks, &s.allocations,    &s.quarantined_bytes, &s.quarantined_stitches};
+  }
+
+  static accumulated_base accumulated(const gmlake::statistics& g) {
+    auto i = [](auto v) { return static_cast<std::int64_t>(v); };
+    return {i(g.calls[static_cast<std::size_t>(gmlake::call::create)]),
+            i(g.calls[static_cast<std::size_t>(gmlake::call::release)]),
+            i(g.num_alloc_retries),
+            i(g.stream_waits),
+            i(g.reserved_bytes.allocated),
+            i(g.reserved_bytes.freed),
+            i(g.chunks.allocated),
+            i(g.chunks.freed)};
+  }
+
+  /// A counter since the last reset.
+  static std::int64_t since(std::int64_t now, std::int64_t base) { return now - base; }
+
+  /// The bytes the memory fraction allows the device, its allocator and graph pools
+  /// together (as PyTorch's own allocator counts them); nullopt: no cap.
+  static std::optional<std::size_t> allowed(const device_state& d) {
+    if (d.fraction >= 1.0 || !d.main) return std::nullopt;
+    const gmlake::backend::cuda_vmm& be = d.main->backend();
+    const std::size_t g = be.granularity();
+    return static_cast<std::size_t>(d.fraction * static_cast<double>(be.capacity())) / g * g;
+  }
+
+  /// Limits `a` to what the memory fraction leaves beside the memory of the device's
+  /// other allocators (a limit of 0 would mean none: 1 byte lets nothing be made).
+  static void apply_fraction(device_state& d, core& a) {
+    const std::optional<std::size_t> cap = allowed(d);
+    if (!cap) return a.backend().set_limit(0);
+    std::size_t others = 0;
+    auto add = [&](core& c) {
+      if (&c != &a) others += c.backend().created_bytes();
+    };
+    add(*d.main);
+    for (auto& [id, p] : d.pools) add(*p->alloc);
+    a.backend().set_limit(std::max<std::size_t>(*cap > others ? *cap - others : 0, 1));
   }
 
   static void copy(c10::CachingAllocator::Stat& to, const gmlake::stat& from) {
@@ -676,7 +798,7 @@ class native_allocator final : public cca::CUDAAllocator {
           },
           [](const gmlake::layout_piece&) {});
     };
-    add(*d.main);
+    if (d.main) add(*d.main);
     for (auto& [id, p] : d.pools) add(*p->alloc);
     auto set = [](c10::CachingAllocator::Stat& s, std::int64_t v) {
       if (v > s.current) s.allocated += v - s.current;
@@ -694,7 +816,14 @@ class native_allocator final : public cca::CUDAAllocator {
 
   block* make_block(DeviceIndex dev, std::size_t n, cudaStream_t s) {
     std::shared_ptr<c10::GatheredContext> ctx;
-    if (record_.load() && record_when_ != cca::RecordContext::NEVER && context_recorder_) ctx = context_recorder_();
+    if (record_.load()) {
+      cca::CreateContextFn recorder = nullptr;
+      {
+        std::lock_guard h(history_mutex_);
+        if (record_when_ != cca::RecordContext::NEVER) recorder = context_recorder_;
+      }
+      if (recorder) ctx = recorder();  // outside every lock: it gathers Python frames
+    }
     device_state& d = state(dev);
     std::unique_lock lock(d.m);
     const bool capturing = !d.captures.empty();
@@ -709,25 +838,40 @@ class native_allocator final : public cca::CUDAAllocator {
         break;
       }
     core& a = p ? *p->alloc : *d.main;
-    void* ptr = nullptr;
-    {
+    apply_fraction(d, a);
+    void* ptr = a.try_allocate(n, s);
+    const bool retry = ptr == nullptr && !capturing;
+    if (retry) {
+      // Last resort before out-of-memory: wait for every deferred free, release the
+      // memory of released graph pools and the cache, then try once more (gmlake
+      // counted the retry already: its own release and retry before failing).
+      settle_pending(d, true);
+      release_retired_pools(d);
+      d.main->release_cached();
+      apply_fraction(d, a);
       ptr = a.try_allocate(n, s);
-      if (ptr == nullptr && !capturing) {
-        // Last resort before out-of-memory: wait for every deferred free, release the
-        // memory of released graph pools and the cache, then try once more.
-        ++d.stats.num_alloc_retries;
-        settle_pending(d, true);
-        release_retired_pools(d);
-        d.main->release_cached();
-        ptr = a.try_allocate(n, s);
-      }
     }
+    for (auto it = d.pools.begin(); ptr == nullptr && p == nullptr && it != d.pools.end(); ++it)
+      if (it->second->use_on_oom) {  // the memory of a pool made to serve when the device's cannot
+        apply_fraction(d, *it->second->alloc);
+        if ((ptr = it->second->alloc->try_allocate(n, s)) != nullptr) p = it->second.get();
+      }
     if (ptr == nullptr) {
       ++d.stats.num_ooms;
-      std::string msg = oom_message(d, dev, n, a);
-      record_trace(d, cca::TraceEntry::OOM, dev, 0, n, s, p ? p->id : MempoolId_t{0, 0}, nullptr);
+      if (retry) --d.stats.num_alloc_retries;  // gmlake counted both attempts' retries: one request
+      std::size_t free_b = 0, total_b = 0;
+      {
+        c10::cuda::CUDAGuard guard(dev);
+        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
+      }
+      std::string msg = oom_message(d, dev, n, a, free_b, total_b);
+      // As PyTorch's own allocator: the observers get the request, and the bytes the
+      // fraction allows as the device's total when one is set.
+      const std::size_t shown_total = allowed(d).value_or(total_b);
+      // An OOM entry's address is the device's free bytes, as PyTorch's own writes it.
+      record_trace(d, cca::TraceEntry::OOM, dev, free_b, n, s, p ? p->id : MempoolId_t{0, 0}, std::move(ctx));
       lock.unlock();
-      notify_oom(dev, n);
+      notify_oom(dev, n, shown_total, free_b);
       TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
     }
     auto* b = new block{ptr, n, s, dev, p, {}, std::move(ctx)};
@@ -757,35 +901,49 @@ class native_allocator final : public cca::CUDAAllocator {
     record_trace(d, cca::TraceEntry::FREE_REQUESTED, b->device, reinterpret_cast<std::uintptr_t>(b->ptr), b->size,
                  b->stream, b->owner ? b->owner->id : MempoolId_t{0, 0}, nullptr);
     if (b->uses.empty()) return give_back(d, b);
-    if (!d.captures.empty()) {
-      d.deferred.push_back(b);  // events cannot be recorded on streams being captured
-      return;
+    d.deferred.push_back(b);
+    if (d.captures.empty()) record_deferred(d);  // events cannot be recorded on streams being captured
+  }
+
+  /// Moves each deferred free to the pending ones, recording its events. A block is
+  /// in exactly one of the two lists, also when a CUDA call fails (the error is
+  /// raised; the block stays deferred and is tried again).
+  void record_deferred(device_state& d) {
+    while (!d.deferred.empty()) {
+      wait_on_uses(d, d.deferred.back());
+      d.deferred.pop_back();
     }
-    wait_on_uses(d, b);
   }
 
   /// Records an event on each stream b was used on; b goes back once all completed.
+  /// Adds b to the pending frees when every event is recorded; otherwise raises,
+  /// its events back among the spare ones.
   void wait_on_uses(device_state& d, block* b) {
     c10::cuda::CUDAGuard guard(b->device);
     pending_free f{b, {}};
-    for (cudaStream_t s : b->uses) {
-      cudaEvent_t e;
-      if (!d.spare_events.empty()) {
-        e = d.spare_events.back();
-        d.spare_events.pop_back();
-      } else {
-        C10_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    f.events.reserve(b->uses.size());
+    try {
+      for (cudaStream_t s : b->uses) {
+        cudaEvent_t e = nullptr;
+        if (!d.spare_events.empty()) {
+          e = d.spare_events.back();
+          d.spare_events.pop_back();
+        } else {
+          C10_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        }
+        f.events.push_back(e);  // room reserved: cannot throw
+        C10_CUDA_CHECK(cudaEventRecord(e, s));
       }
-      C10_CUDA_CHECK(cudaEventRecord(e, s));
-      f.events.push_back(e);
+      d.pending.push_back(std::move(f));
+    } catch (...) {
+      d.spare_events.insert(d.spare_events.end(), f.events.begin(), f.events.end());
+      throw;
     }
-    d.pending.push_back(std::move(f));
   }
 
   /// Frees whose events completed go back to gmlake (all of them, waiting, if `wait`).
   void settle_pending(device_state& d, bool wait) {
-    for (block* b : d.deferred) wait_on_uses(d, b);
-    d.deferred.clear();
+    record_deferred(d);
     while (!d.pending.empty()) {
       pending_free& f = d.pending.front();
       bool done = true;
@@ -836,16 +994,14 @@ class native_allocator final : public cca::CUDAAllocator {
         synced = true;
       }
       p.alloc->set_capture_mode(false);
+      p.alloc->release_cached();
+      retire(d, *p.alloc);
       it = d.pools.erase(it);
     }
   }
 
-  std::string oom_message(device_state& d, DeviceIndex dev, std::size_t n, core& a) {
-    std::size_t free_b = 0, total_b = 0;
-    {
-      c10::cuda::CUDAGuard guard(dev);
-      if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
-    }
+  std::string oom_message(device_state& d, DeviceIndex dev, std::size_t n, core& a, std::size_t free_b,
+                          std::size_t total_b) {
     const gmlake::statistics g = totals(d);
     const gmlake::memory_breakdown m = a.breakdown();
     const std::int64_t allocated = d.stats.allocated_bytes[0].current;
@@ -857,38 +1013,50 @@ class native_allocator final : public cca::CUDAAllocator {
                       " is reserved by gmlake but unallocated; " + format_size(m.cached_stitch_bytes) + " is in " +
                       std::to_string(m.cached_stitches) + " cached stitched blocks and " +
                       std::to_string(g.stitched_blocks.current) + " stitched blocks are mapped.";
-    const std::size_t limit = d.main->backend().limit();
-    if (limit < d.main->backend().capacity())
-      msg += " The memory fraction caps gmlake at " + format_size(limit) + ".";
+    if (const std::optional<std::size_t> cap = allowed(d))
+      msg += " The memory fraction caps gmlake at " + format_size(*cap) + " (graph pools included).";
     return msg;
   }
 
-  void notify_oom(DeviceIndex dev, std::size_t n) {
+  /// Calls the out-of-memory observers (without the device's lock: they may read the
+  /// statistics) with the request, the device's total (or the fraction's bytes) and free bytes.
+  void notify_oom(DeviceIndex dev, std::size_t n, std::size_t total, std::size_t free_b) {
     std::vector<cca::OutOfMemoryObserver> obs;
     {
       std::lock_guard lock(history_mutex_);
       obs = oom_observers_;
     }
-    if (obs.empty()) return;
-    std::size_t free_b = 0, total_b = 0;
-    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
-    const std::int64_t allocated = gmlake_stats(dev).reserved_bytes.current;
-    for (auto& o : obs) o(dev, static_cast<std::size_t>(allocated), total_b, free_b);
-    (void)n;
+    for (auto& o : obs) o(dev, n, total, free_b);
   }
 
   void record_trace(device_state& d, cca::TraceEntry::Action action, DeviceIndex dev, std::uintptr_t addr,
                     std::size_t n, cudaStream_t s, MempoolId_t pool_id, std::shared_ptr<c10::GatheredContext> ctx) {
-    if (!record_.load() && trackers_.empty()) return;
+    if (!record_.load() && !tracked_.load()) return;
+    cca::RecordContext when;
+    std::size_t max;
+    std::shared_ptr<const std::vector<cca::AllocatorTraceTracker>> trackers;
+    {
+      std::lock_guard h(history_mutex_);  // under d.m (the lock order above)
+      when = record_when_;
+      max = max_entries_;
+      trackers = trackers_;
+    }
     cca::TraceEntry e(action, dev, addr, n, s, pool_id, c10::getApproximateTime(),
-                      record_when_ >= cca::RecordContext::ALLOC ? std::move(ctx) : nullptr);
-    for (auto& t : trackers_) t(e);
+                      when >= cca::RecordContext::ALLOC ? std::move(ctx) : nullptr);
+    for (auto& t : *trackers) t(e);  // under d.m, as PyTorch's own calls them under its lock
     if (!record_.load()) return;
-    if (d.trace.size() < max_entries_) {
+    if (d.trace_max != max) {  // max_entries changed: the ring in time order, its newest `max` kept
+      if (const std::size_t k = d.trace.size(); k > 0)
+        std::rotate(d.trace.begin(), d.trace.begin() + static_cast<std::ptrdiff_t>(d.trace_next % k), d.trace.end());
+      if (d.trace.size() > max) d.trace.erase(d.trace.begin(), d.trace.end() - static_cast<std::ptrdiff_t>(max));
+      d.trace_next = 0;
+      d.trace_max = max;
+    }
+    if (d.trace.size() < max) {
       d.trace.push_back(std::move(e));
     } else {
       d.trace[d.trace_next] = std::move(e);
-      d.trace_next = (d.trace_next + 1) % max_entries_;
+      d.trace_next = (d.trace_next + 1) % max;
     }
   }
 
@@ -901,11 +1069,14 @@ class native_allocator final : public cca::CUDAAllocator {
 
   std::mutex history_mutex_;
   std::atomic<bool> record_{false};
+  std::atomic<bool> tracked_{false};  // trackers_ is not empty
+  // under history_mutex_:
   cca::CreateContextFn context_recorder_ = nullptr;
   cca::RecordContext record_when_ = cca::RecordContext::NEVER;
   std::size_t max_entries_ = 1;
   std::vector<cca::OutOfMemoryObserver> oom_observers_;
-  std::vector<cca::AllocatorTraceTracker> trackers_;
+  std::shared_ptr<const std::vector<cca::AllocatorTraceTracker>> trackers_ =
+      std::make_shared<const std::vector<cca::AllocatorTraceTracker>>();
 };
 
 }  // namespace

@@ -11,8 +11,9 @@ exits 0 when every check passed under gmlake and gave the same result as under t
 native allocator, 1 otherwise, 77 (skip) without torch, a GPU or the extension. OUT_DIR receives
 the memory snapshot (pickle, for https://pytorch.org/memory_viz) and the layout picture.
 
-The checks: torch.cuda memory statistics calls; empty_cache;
-set_per_process_memory_fraction with the out-of-memory error; record_stream; CUDA
+The checks: torch.cuda memory statistics calls (reset_accumulated_memory_stats included); empty_cache;
+set_per_process_memory_fraction with the out-of-memory error (a fraction below one chunk
+included, and a memory pool counted with the device) and the out-of-memory observers; record_stream; CUDA
 graphs under torch.cuda.graph (intermediates freed in the capture, tensors made after
 it untouched by replay), with two graphs sharing a pool, make_graphed_callables and
 torch.compile(mode="reduce-overhead"); memory history and snapshots; and, in a third
@@ -109,6 +110,88 @@ def checks(allocator, out_dir):
             torch.cuda.set_per_process_memory_fraction(1.0, 0)
         return {"oom_raised": True, "message": msg[:400]}
 
+    @check("memory_fraction_rounding_to_nothing")
+    def _():
+        # a fraction too small for one chunk allows nothing (it is not "no cap")
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(1e-7, 0)
+        try:
+            torch.empty(64 * MiB, dtype=torch.uint8, device=dev)
+            raise AssertionError("no OutOfMemoryError under a fraction of 1e-7")
+        except torch.cuda.OutOfMemoryError:
+            pass
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0, 0)
+        return {"oom_raised": True}
+
+    @check("memory_fraction_with_pool")
+    def _():
+        if not (hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
+            return {"skipped": "this PyTorch has no torch.cuda.MemPool"}
+        # the fraction caps the device's memory and its pools' together
+        total = torch.cuda.get_device_properties(0).total_memory
+        n = int(total * 0.03) // (2 * MiB) * (2 * MiB)
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(0.05, 0)
+        try:
+            a = torch.empty(n, dtype=torch.uint8, device=dev)
+            pool = torch.cuda.MemPool()
+            with torch.cuda.use_mem_pool(pool):
+                try:
+                    b = torch.empty(n, dtype=torch.uint8, device=dev)
+                    del b
+                    raise AssertionError("the pool's memory is not counted with the device's under the fraction")
+                except torch.cuda.OutOfMemoryError:
+                    pass
+            del a, pool
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0, 0)
+        return {"oom_raised": True}
+
+    @check("oom_observer")
+    def _():
+        attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+        if attach is None:
+            return {"skipped": "this PyTorch has no out-of-memory observers"}
+        seen = []
+        attach(lambda device, alloc, shown_total, free: seen.append((device, alloc, shown_total, free)))
+        total = torch.cuda.get_device_properties(0).total_memory
+        n = int(total * 0.10) // (2 * MiB) * (2 * MiB)
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(0.05, 0)
+        try:
+            torch.empty(n, dtype=torch.uint8, device=dev)
+            raise AssertionError("no OutOfMemoryError above the fraction")
+        except torch.cuda.OutOfMemoryError:
+            pass
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0, 0)
+        assert len(seen) == 1, seen
+        device, alloc, shown_total, free = seen[0]
+        assert device == 0 and alloc == n, ("the observer's size is not the request", alloc, n)
+        assert abs(shown_total - 0.05 * total) <= 4 * MiB, ("the observer's total is not the fraction's", shown_total)
+        return {"size_is_request": True, "total_is_fraction": True}
+
+    @check("reset_accumulated")
+    def _():
+        torch.cuda.empty_cache()
+        x = torch.empty(96 * MiB, dtype=torch.uint8, device=dev)
+        del x
+        torch.cuda.empty_cache()
+        torch.cuda.reset_accumulated_memory_stats()
+        s = torch.cuda.memory_stats()
+        keys = ("num_device_alloc", "num_device_free", "reserved_bytes.all.allocated", "reserved_bytes.all.freed",
+                "segment.all.allocated", "segment.all.freed", "allocation.all.allocated", "allocated_bytes.all.freed",
+                "num_alloc_retries", "num_sync_all_streams", "num_ooms")
+        left = {k: s[k] for k in keys if s.get(k, 0) != 0}
+        assert not left, ("not zero after reset_accumulated_memory_stats", left)
+        y = torch.empty(160 * MiB, dtype=torch.uint8, device=dev)
+        s = torch.cuda.memory_stats()
+        assert s["reserved_bytes.all.allocated"] >= 160 * MiB, s["reserved_bytes.all.allocated"]
+        assert s.get("num_device_alloc", 1) >= 1
+        del y
+        return {"zeroed": sorted(keys)}
+
     @check("record_stream")
     def _():
         n = 16 * MiB // 4
@@ -191,12 +274,19 @@ def checks(allocator, out_dir):
         assert close(out1, e1) and close(out2, e2), "shared-pool replays differ from eager"
         assert all(bool((t == 5.0).all()) for t in fillers), "replay wrote into tensors made after capture"
         reserved_with_graphs = torch.cuda.memory_reserved()
+        before = torch.cuda.memory_stats()
         del g1, g2, out1, out2
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         released = torch.cuda.memory_reserved() < reserved_with_graphs
         assert released, "the pool's memory was not released after its graphs were destroyed"
-        return {"replay_equal": True, "fillers_intact": True, "pool_released": released}
+        after = torch.cuda.memory_stats()
+        # the pool's release is counted, and no peak or total goes down with it
+        assert after["reserved_bytes.all.freed"] > before["reserved_bytes.all.freed"], "the release is not counted"
+        for k in ("reserved_bytes.all.peak", "reserved_bytes.all.allocated", "segment.all.allocated",
+                  "num_device_alloc"):
+            assert after.get(k, 0) >= before.get(k, 0), (k, before.get(k), after.get(k))
+        return {"replay_equal": True, "fillers_intact": True, "pool_released": released, "counted": True}
 
     @check("make_graphed_callables")
     def _():
