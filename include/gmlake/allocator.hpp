@@ -195,9 +195,11 @@ class basic_allocator {
   /// @brief Forgets `stream` before it is destroyed. The caller promises that its
   ///        work is done (cudaStreamSynchronize): the bytes freed on it become usable
   ///        on every stream at once, and no event is ever recorded on its handle
-  ///        again. Without this call, a stream destroyed while frees made on it are
-  ///        not known done may later get an event recorded on its dead handle. No
-  ///        effect on the default stream or on a stream the allocator has not seen.
+  ///        again for them. Without this call, a stream destroyed while frees made
+  ///        on it are not known done may later get an event recorded on its dead
+  ///        handle. A stream made later with the same handle is a new stream to the
+  ///        allocator. No effect on the default stream, on CUDA's per-thread default
+  ///        stream (its events are recorded at each free) or on a stream not seen.
   void forget_stream(stream_type stream) noexcept {
     std::lock_guard lock(mutex_);
     streams_.forget(stream);

@@ -19,8 +19,9 @@
 // later from another one, where the handle would name another stream.
 //
 // A stream about to be destroyed is forgotten (forget): its work done, as the
-// caller promises, its frees count as done and its entry answers to no handle, so
-// no event is ever recorded on the dead handle.
+// caller promises, its frees count as done and its events go back, so nothing is
+// ever recorded on the dead handle for them. A stream made later with the same
+// handle takes the entry over: its frees count from there, pending as any.
 #pragma once
 
 #include <concepts>
@@ -56,12 +57,12 @@ class stream_table {
   /// handle (on CUDA the per-thread default stream: one stream per thread).
   [[nodiscard]] bool index_of(stream_type s, std::uint32_t& out) noexcept {
     const std::uint64_t key = key_of(s);
-    if (entries_[last_].answers(s, key)) {
+    if (entries_[last_].stream == s && entries_[last_].key == key) {
       out = last_;
       return true;
     }
     for (std::uint32_t i = 0; i < entries_.size(); ++i) {
-      if (entries_[i].answers(s, key)) {
+      if (entries_[i].stream == s && entries_[i].key == key) {
         out = last_ = i;
         return true;
       }
@@ -190,21 +191,19 @@ class stream_table {
     return ok;
   }
 
-  /// Stream s (this thread's, for a shared handle) is done and about to be destroyed:
-  /// its frees count as done, its events go back, and its entry answers to no handle
-  /// any more (a stream made later with the same handle gets a new one). The
-  /// default stream (index 0) is never forgotten.
+  /// Stream s is done and about to be destroyed: its frees count as done and its
+  /// events go back. Never the default stream (index 0), nor a handle shared by
+  /// several streams (stream_key: its events are recorded at each free, on the
+  /// freeing thread, never later).
   void forget(stream_type s) noexcept {
-    const std::uint64_t key = key_of(s);
+    if (key_of(s) != 0) return;
     for (std::uint32_t i = 1; i < entries_.size(); ++i) {
       entry& e = entries_[i];
-      if (!e.answers(s, key)) continue;
+      if (e.stream != s || e.shared()) continue;
       if (e.has_event) backend_.destroy(e.event);
       if (e.has_mark) backend_.destroy(e.mark);
       e.has_event = e.has_mark = false;
       e.done = e.freed;
-      e.forgotten = true;
-      if (last_ == i) last_ = 0;
     }
   }
 
@@ -230,11 +229,7 @@ class stream_table {
   struct entry {
     stream_type stream{};
     std::uint64_t key = 0;        ///< stream_key: which of the streams sharing the handle (0: the handle's one)
-    bool forgotten = false;       ///< destroyed (forget): answers to no handle
     [[nodiscard]] bool shared() const noexcept { return key != 0; }
-    [[nodiscard]] bool answers(stream_type s, std::uint64_t k) const noexcept {
-      return stream == s && key == k && !forgotten;
-    }
     std::uint64_t freed = 0;      ///< frees on this stream so far
     std::uint64_t done = 0;       ///< frees known complete
     std::uint64_t event_seq = 0;  ///< frees the pending event covers
