@@ -49,6 +49,21 @@ gmlake::options opts() {
   return o;
 }
 
+/// opts() with every request in the large arena.
+gmlake::options large_only() {
+  gmlake::options o = opts();
+  o.small_max = 0;
+  return o;
+}
+
+/// The stream-order tests' backend, over the simulated one with its work held
+/// pending until completed by hand.
+template <class Backend>
+Backend& held(gmlake::allocator<Backend>& a) {
+  a.backend().parent().set_auto_complete(false);
+  return a.backend();
+}
+
 /// Stitch policy P, its growth creating one slot per chunk (in both arenas), no
 /// borrowing: these tests count calls per chunk.
 template <class P = policy::best_fit_pieces>
@@ -742,11 +757,8 @@ struct per_thread_streams : gmlake::backend::forwarding<simulated> {
 } // namespace
 
 TEST_CASE("stream order: the per-thread default stream is one stream per thread") {
-  gmlake::options o = opts();
-  o.small_max = 0;
-  gmlake::allocator<per_thread_streams> a(per_thread_streams(cap, C), o);
-  auto& b = a.backend();
-  b.parent().set_auto_complete(false);
+  gmlake::allocator<per_thread_streams> a(per_thread_streams(cap, C), large_only());
+  auto& b = held(a);
   const auto h = per_thread_streams::handle;
   void* p = a.allocate(4 * C, h);  // on thread 1's stream
   auto kernel = b.parent().record(b.real(h));  // thread 1's work on p, still queued
@@ -787,11 +799,8 @@ struct destroyable_streams : gmlake::backend::forwarding<simulated> {
 } // namespace
 
 TEST_CASE("stream order: a forgotten stream's frees are usable at once, and its handle is never used again") {
-  gmlake::options o = opts();
-  o.small_max = 0;
-  gmlake::allocator<destroyable_streams> a(destroyable_streams(cap, C), o);
-  auto& b = a.backend();
-  b.parent().set_auto_complete(false);
+  gmlake::allocator<destroyable_streams> a(destroyable_streams(cap, C), large_only());
+  auto& b = held(a);
   const gmlake::host_stream s0{}, s1{1}, s2{2};
   void* p = a.allocate(4 * C, s1);
   a.deallocate(p, 4 * C, s1);

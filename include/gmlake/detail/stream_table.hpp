@@ -57,12 +57,12 @@ class stream_table {
   /// handle (on CUDA the per-thread default stream: one stream per thread).
   [[nodiscard]] bool index_of(stream_type s, std::uint32_t& out) noexcept {
     const std::uint64_t key = key_of(s);
-    if (entries_[last_].stream == s && entries_[last_].key == key) {
+    if (entries_[last_].is(s, key)) {
       out = last_;
       return true;
     }
     for (std::uint32_t i = 0; i < entries_.size(); ++i) {
-      if (entries_[i].stream == s && entries_[i].key == key) {
+      if (entries_[i].is(s, key)) {
         out = last_ = i;
         return true;
       }
@@ -199,7 +199,7 @@ class stream_table {
     if (key_of(s) != 0) return;
     for (std::uint32_t i = 1; i < entries_.size(); ++i) {
       entry& e = entries_[i];
-      if (e.stream != s || e.shared()) continue;
+      if (!e.is(s, 0)) continue;
       if (e.has_event) backend_.destroy(e.event);
       if (e.has_mark) backend_.destroy(e.mark);
       e.has_event = e.has_mark = false;
@@ -230,6 +230,7 @@ class stream_table {
     stream_type stream{};
     std::uint64_t key = 0;        ///< stream_key: which of the streams sharing the handle (0: the handle's one)
     [[nodiscard]] bool shared() const noexcept { return key != 0; }
+    [[nodiscard]] bool is(stream_type s, std::uint64_t k) const noexcept { return stream == s && key == k; }
     std::uint64_t freed = 0;      ///< frees on this stream so far
     std::uint64_t done = 0;       ///< frees known complete
     std::uint64_t event_seq = 0;  ///< frees the pending event covers
