@@ -155,6 +155,7 @@ struct device_state {
   std::unique_ptr<core> main;   // made once, under m, by the first call that needs it
   std::atomic<bool> made{false};  // main is made (for readers that do not hold m)
   double fraction = 1.0;        // set_per_process_memory_fraction: of the device allocator and graph pools together
+  bool capped = false;          // the fraction's limits are set on the allocators (apply_fraction)
   accumulated_base base;
   gmlake::statistics retired;   // the counts of graph pools destroyed
   std::map<MempoolId_t, std::unique_ptr<pool>> pools;
@@ -767,7 +768,15 @@ class native_allocator final : public cca::CUDAAllocator {
   /// other allocators (a limit of 0 would mean none: 1 byte lets nothing be made).
   static void apply_fraction(device_state& d, core& a) {
     const std::optional<std::size_t> cap = allowed(d);
-    if (!cap) return a.backend().set_limit(0);
+    if (!cap) {
+      if (d.capped) {  // the fraction went back to 1: lift the limits, once
+        if (d.main) d.main->backend().set_limit(0);
+        for (auto& [id, p] : d.pools) p->alloc->backend().set_limit(0);
+        d.capped = false;
+      }
+      return;
+    }
+    d.capped = true;
     std::size_t others = 0;
     auto add = [&](core& c) {
       if (&c != &a) others += c.backend().created_bytes();

@@ -143,6 +143,10 @@ def checks(allocator, out_dir):
                     raise AssertionError("the pool's memory is not counted with the device's under the fraction")
                 except torch.cuda.OutOfMemoryError:
                     pass
+            torch.cuda.set_per_process_memory_fraction(1.0, 0)
+            with torch.cuda.use_mem_pool(pool):  # no cap again: the pool's limit is lifted too
+                b = torch.empty(int(total * 0.10), dtype=torch.uint8, device=dev)
+                del b
             del a, pool
         finally:
             torch.cuda.set_per_process_memory_fraction(1.0, 0)
