@@ -303,10 +303,7 @@ class native_allocator final : public cca::CUDAAllocator {
     device_state& d = slot(device);
     std::lock_guard lock(d.m);
     sample_reserved(d);  // the arenas' figures as they are now, then reset
-    for (stat_array* a : {&d.stats.allocation, &d.stats.active, &d.stats.allocated_bytes, &d.stats.active_bytes,
-                          &d.stats.requested_bytes})
-      for (auto& s : *a) s.reset_accumulated();
-    for (auto* s : {&d.reserved_small, &d.reserved_large, &d.segments_small, &d.segments_large}) s->reset_accumulated();
+    for_each_stat(d, [](c10::CachingAllocator::Stat& s) { s.reset_accumulated(); });
     d.stats.num_ooms = d.stats.num_alloc_retries = d.stats.num_sync_all_streams = 0;
     d.base = accumulated(totals(d));  // device allocations and frees, retries, waits, reserved and segments
   }
@@ -315,13 +312,30 @@ class native_allocator final : public cca::CUDAAllocator {
     device_state& d = slot(device);
     std::lock_guard lock(d.m);
     sample_reserved(d);
-    for (stat_array* a : {&d.stats.allocation, &d.stats.active, &d.stats.allocated_bytes, &d.stats.active_bytes,
-                          &d.stats.requested_bytes})
-      for (auto& s : *a) s.reset_peak();
-    for (auto* s : {&d.reserved_small, &d.reserved_large, &d.segments_small, &d.segments_large}) s->reset_peak();
+    for_each_stat(d, [](c10::CachingAllocator::Stat& s) { s.reset_peak(); });
     if (d.main) d.main->reset_peaks();
     for (auto& [id, p] : d.pools) p->alloc->reset_peaks();
     for (gmlake::stat* g : gauges(d.retired)) g->peak = 0;
+  }
+
+  /// Calls f on each of the device's PyTorch statistics that a reset changes.
+  template <class F>
+  static void for_each_stat(device_state& d, F f) {
+    for (stat_array* a : {&d.stats.allocation, &d.stats.active, &d.stats.allocated_bytes, &d.stats.active_bytes,
+                          &d.stats.requested_bytes})
+      for (auto& s : *a) f(s);
+    for (auto* s : {&d.reserved_small, &d.reserved_large, &d.segments_small, &d.segments_large}) f(*s);
+  }
+
+  /// The device's free and total bytes (cudaMemGetInfo); zeros when CUDA cannot tell.
+  static std::pair<std::size_t, std::size_t> device_memory(DeviceIndex device) {
+    c10::cuda::CUDAGuard guard(device);
+    std::size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return {0, 0};
+    }
+    return {free_b, total_b};
   }
 
   // ---------------------------------------------------------------- CUDAAllocator
@@ -367,14 +381,7 @@ class native_allocator final : public cca::CUDAAllocator {
 
   void cacheInfo(DeviceIndex device, std::size_t* largest) override {
     device_state& d = slot(device);
-    if (*largest == 0) {  // as PyTorch's own: a first guess, the device's free memory
-      c10::cuda::CUDAGuard guard(device);
-      std::size_t total = 0;
-      if (cudaMemGetInfo(largest, &total) != cudaSuccess) {
-        (void)cudaGetLastError();
-        *largest = 0;
-      }
-    }
+    if (*largest == 0) *largest = device_memory(device).first;  // as PyTorch's own: a first guess, the free memory
     std::lock_guard lock(d.m);
     if (!d.main) return;
     const gmlake::memory_breakdown m = d.main->breakdown();
@@ -489,9 +496,11 @@ class native_allocator final : public cca::CUDAAllocator {
   // round, so recordHistory lets go of history_mutex_ before it touches the devices.
 
   void recordHistory(bool enabled, cca::CreateContextFn context_recorder, std::size_t max_entries,
-                     cca::RecordContext when, bool clear, const std::vector<std::string>& /*skip_actions*/) override {
+                     cca::RecordContext when, bool clear, const std::vector<std::string>& skip_actions) override {
+    const unsigned skip = skipped_actions(skip_actions);
     {
       std::lock_guard lock(history_mutex_);
+      skip_ = skip;
       context_recorder_ = context_recorder;
       record_when_ = enabled ? when : cca::RecordContext::NEVER;
       max_entries_ = std::max<std::size_t>(max_entries, 1);  // each device's ring follows at its next entry
@@ -503,6 +512,32 @@ class native_allocator final : public cca::CUDAAllocator {
         d.trace.clear();
         d.trace_next = 0;
       });
+  }
+
+  /// The history's actions to leave out, as bits of TraceEntry::Action, from the names
+  /// PyTorch's _record_memory_history(skip_actions=...) takes. gmlake records no segment
+  /// or snapshot entries, so those names are accepted and change nothing.
+  static unsigned skipped_actions(const std::vector<std::string>& names) {
+    static constexpr std::pair<const char*, cca::TraceEntry::Action> recorded[] = {
+        {"alloc", cca::TraceEntry::ALLOC},
+        {"free_requested", cca::TraceEntry::FREE_REQUESTED},
+        {"free_completed", cca::TraceEntry::FREE_COMPLETED},
+        {"oom", cca::TraceEntry::OOM}};
+    static constexpr const char* never_recorded[] = {"segment_alloc", "segment_free", "segment_map",
+                                                     "segment_unmap", "snapshot", "user_defined"};
+    unsigned bits = 0;
+    for (const std::string& name : names) {
+      auto r = std::find_if(std::begin(recorded), std::end(recorded), [&](const auto& a) { return name == a.first; });
+      if (r != std::end(recorded)) {
+        bits |= 1u << static_cast<unsigned>(r->second);
+        continue;
+      }
+      TORCH_CHECK(std::find(std::begin(never_recorded), std::end(never_recorded), name) != std::end(never_recorded),
+                  "gmlake: unknown trace action '", name,
+                  "' in skip_actions (alloc, free_requested, free_completed, oom, segment_alloc, segment_free, "
+                  "segment_map, segment_unmap, snapshot, user_defined)");
+    }
+    return bits;
   }
 
   void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override {
@@ -868,11 +903,7 @@ class native_allocator final : public cca::CUDAAllocator {
     if (ptr == nullptr) {
       ++d.stats.num_ooms;
       if (retry) --d.stats.num_alloc_retries;  // gmlake counted both attempts' retries: one request
-      std::size_t free_b = 0, total_b = 0;
-      {
-        c10::cuda::CUDAGuard guard(dev);
-        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
-      }
+      const auto [free_b, total_b] = device_memory(dev);
       std::string msg = oom_message(d, dev, n, a, free_b, total_b);
       // As PyTorch's own allocator: the observers get the request, and the bytes the
       // fraction allows as the device's total when one is set.
@@ -1043,17 +1074,19 @@ class native_allocator final : public cca::CUDAAllocator {
     if (!record_.load() && !tracked_.load()) return;
     cca::RecordContext when;
     std::size_t max;
+    bool skipped;
     std::shared_ptr<const std::vector<cca::AllocatorTraceTracker>> trackers;
     {
       std::lock_guard h(history_mutex_);  // under d.m (the lock order above)
       when = record_when_;
       max = max_entries_;
+      skipped = (skip_ >> static_cast<unsigned>(action) & 1u) != 0;
       trackers = trackers_;
     }
     cca::TraceEntry e(action, dev, addr, n, s, pool_id, c10::getApproximateTime(),
                       when >= cca::RecordContext::ALLOC ? std::move(ctx) : nullptr);
     for (auto& t : *trackers) t(e);  // under d.m, as PyTorch's own calls them under its lock
-    if (!record_.load()) return;
+    if (!record_.load() || skipped) return;  // skip_actions leave the history, not the trackers
     if (d.trace_max != max) {  // max_entries changed: the ring in time order, its newest `max` kept
       if (const std::size_t k = d.trace.size(); k > 0)
         std::rotate(d.trace.begin(), d.trace.begin() + static_cast<std::ptrdiff_t>(d.trace_next % k), d.trace.end());
@@ -1083,6 +1116,7 @@ class native_allocator final : public cca::CUDAAllocator {
   cca::CreateContextFn context_recorder_ = nullptr;
   cca::RecordContext record_when_ = cca::RecordContext::NEVER;
   std::size_t max_entries_ = 1;
+  unsigned skip_ = 0;  // the actions the history leaves out (skipped_actions)
   std::vector<cca::OutOfMemoryObserver> oom_observers_;
   std::shared_ptr<const std::vector<cca::AllocatorTraceTracker>> trackers_ =
       std::make_shared<const std::vector<cca::AllocatorTraceTracker>>();

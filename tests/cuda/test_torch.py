@@ -16,7 +16,7 @@ set_per_process_memory_fraction with the out-of-memory error (a fraction below o
 included, and a memory pool counted with the device) and the out-of-memory observers; record_stream; CUDA
 graphs under torch.cuda.graph (intermediates freed in the capture, tensors made after
 it untouched by replay), with two graphs sharing a pool, make_graphed_callables and
-torch.compile(mode="reduce-overhead"); memory history and snapshots; and, in a third
+torch.compile(mode="reduce-overhead"); memory history and snapshots (skip_actions included); and, in a third
 process, gmlake's settings (enable(conf=...): refused when not valid, applied, fixed once
 CUDA is initialised).
 """
@@ -360,6 +360,29 @@ def checks(allocator, out_dir):
             gmlake_torch.plot_layout(os.path.join(out_dir, "gmlake-layout.png"), snapshot=snap)
         del keep
         return {"segments": len(segs), "actions": sorted(actions), "frames": bool(frames)}
+
+    @check("history_skip_actions")
+    def _():
+        import inspect
+        if "skip_actions" not in inspect.signature(torch.cuda.memory._record_memory_history).parameters:
+            return {"skipped": "this PyTorch's _record_memory_history has no skip_actions"}
+        torch.cuda.memory._record_memory_history(max_entries=1000, skip_actions=["free_requested", "free_completed"])
+        x = torch.empty(8 * MiB, dtype=torch.uint8, device=dev)
+        del x
+        torch.cuda.synchronize()
+        snap = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        actions = {e["action"] for t in snap["device_traces"] for e in t}
+        assert "alloc" in actions and not actions & {"free_requested", "free_completed"}, actions
+        try:
+            torch.cuda.memory._record_memory_history(max_entries=10, skip_actions=["no_such_action"])
+            refused = False
+        except Exception:
+            refused = True
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+        assert refused or allocator != "gmlake", "an unknown action name was accepted"
+        return {"actions": sorted(actions & {"alloc", "free_requested", "free_completed"}), "unknown_refused": refused}
 
     if allocator == "gmlake":
         import gmlake_torch
