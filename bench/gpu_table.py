@@ -293,30 +293,30 @@ builds, so its differences are the run-to-run variation of measured time
 # Full tables of other runs (every allocator), shown after the main one: title, text, file.
 TABLES = [
     ("On the H100: the current build",
-     """The same command on the current build (commit b3b9efe: the allocator of e55ee6e with
-`forget_stream`, which changes no figure), on an NVIDIA H100 80GB HBM3 (driver 580.159.04,
-CUDA 13.0, torch 2.11.0+cu130) on 2026-12-07; every other figure of this run is that
-machine's. One call: `GMLAKE_BIN=... bash .ci/gpu OUT TRACES` (the 17 traces; GPU tests
-18/18 (28,371 assertions), plainly and under memcheck with 0 errors, example 0 of 8,388,608
-values wrong, plugin; its torch part, run with an earlier draft of the extension's fixes of
-commit bb9ccc2, stopped at a `torch.cuda.MemPool`'s destruction (`setUseOnOOM` missing),
-which bb9ccc2 fixes: 16/16 then, `bench/results/h100-torch-tests-native-fixes.txt`;
-`bench/results/h100-gpu-job-b3b9efe.txt`; the table: `bench/results/h100-replay-b3b9efe.jsonl`).
-Peak reserved, fragmentation and device allocations after i 4 of gmlake equal the host
-replay's on every trace. gmlake reserves no more than the best peer on 16 of the 17 traces
-(synth-moe: 7.60 GB against `cudaMallocAsync`'s 7.58), and its ns/op after i 4 is at or
-below PyTorch default's on all 17. Measured driver time is above 1 ms on gpt2l-fsdp-dyn
-(1127 us), llama-small-lora-ckpt (1182), llama1b-generate (2040) and synth-mixed (1069).
-`cuMemSetAccess` is most of the driver time (1377 and 1010 us per iteration on
-llama-small-lora-ckpt and llama1b-generate in the run of commit ae1f281, whose per-call
-breakdown was kept: `bench/results/h100-replay-ae1f281.err`).
+     """The same command on the current build (commit 554e02c: the allocator of e55ee6e with
+`forget_stream`, which changes no figure, and the extension's statistics, memory fraction
+and history fixes), on an NVIDIA H100 80GB HBM3 (driver 580.159.04, CUDA 13.0, torch
+2.11.0+cu130) on 2026-12-08; every other figure of this run is that machine's. One call:
+`GMLAKE_BIN=... bash .ci/gpu OUT TRACES` (the 17 traces; GPU tests 18/18 (28,371
+assertions), plainly and under memcheck with 0 errors, example 0 of 8,388,608 values
+wrong, plugin, torch 17/17: `bench/results/h100-gpu-job-554e02c.txt`; the table:
+`bench/results/h100-replay-554e02c.jsonl`; driver time by call: `.err`). Peak reserved,
+fragmentation and device allocations after i 4 of gmlake equal the host replay's on every
+trace. gmlake reserves no more than the best peer on 16 of the 17 traces (synth-moe: 7.60
+GB against `cudaMallocAsync`'s 7.58). Its ns/op after i 4 is at or below PyTorch
+default's on 16 (llama-small-lora-ckpt: 858 against 499, its two iterations after i 4
+holding 4.9 ms of driver calls). Measured driver time is above 1 ms on
+llama-small-lora-ckpt (2453 us) and llama1b-generate (1560). `cuMemSetAccess` is most of
+it: 2185 and 1039 us per iteration there, 2.1 and 1.6 times what the host replay's cost
+model (the H200's measured cost per handle) gives for the same calls.
 
 Builds with the same replay figures (commits that change no figure of the host replay) ran the
-same job on nine other H100 instances that day (all but llama-small-lora-ckpt's figures are
+same job on ten other H100 instances (all but llama-small-lora-ckpt's figures are
 this build's too before e55ee6e); in each the tests of the day passed and gmlake's peaks equal the host replay's:
 
 | commit | driver time above 1 ms (us per iteration after i 4) | ns/op after i 4 above PyTorch default's | files |
 |---|---|---|---|
+| b3b9efe (`forget_stream`) | gpt2l-fsdp-dyn 1127, llama-small-lora-ckpt 1182, llama1b-generate 2040, synth-mixed 1069 | none | `h100-gpu-job-b3b9efe.txt`, `h100-replay-b3b9efe.jsonl` |
 | 10b28df | gpt2l-fsdp-dyn 1134, llama-small-lora-ckpt 1624, llama1b-generate 1601 | none | `h100-gpu-job-10b28df.txt`, `h100-replay-10b28df.jsonl` |
 | 5041e74 (the code reorganized) | llama-small-lora-ckpt 1722, llama1b-generate 1210 | llama-small-lora-ckpt 652 / 624, synth-mixed 409 / 379 | `h100-gpu-job-5041e74.txt`, `h100-replay-5041e74.jsonl` |
 | ca87a5d (pool code merged into shared helpers) | llama-small-lora-ckpt 1215, llama1b-generate 1136 | gpt2s-dynseq 604 / 448, llama-small-lora-ckpt 435 / 391, synth-mixed 382 / 360 | `h100-gpu-job-ca87a5d.txt`, `h100-replay-ca87a5d.jsonl` |
@@ -328,7 +328,7 @@ this build's too before e55ee6e); in each the tests of the day passed and gmlake
 | e55ee6e (repair with new chunks of up to twice the stitch's new bytes: llama-small-lora-ckpt 1.74%; the per-thread default stream kept apart per thread; under memcheck one check failed, the new test's assertion that its kernel still ran, since dropped) | gpt2l-fsdp-dyn 1028, llama-small-lora-ckpt 1661, llama1b-generate 1710 | none | `h100-gpu-job-e55ee6e.txt`, `h100-replay-e55ee6e.jsonl` |
 
 The files are in `bench/results/`.
-""", "h100-replay-b3b9efe.jsonl"),
+""", "h100-replay-554e02c.jsonl"),
     ("On the H100: the build of commit ec599a9",
      """The same command on the build of commit ec599a9 (a growth that one
 request fills is one chunk once the job has settled or when it is big), on an NVIDIA H100
