@@ -47,11 +47,12 @@ OPTIONS = {
 }
 CONFIGS = ["gmlake", "bfc", "expandable", "gmlake-paper", "largest-first"] + list(OPTIONS)
 # Settings a user may choose (GMLAKE_ALLOC_CONF, gmlake/settings.hpp): fewer chunks mapped
-# for more memory reserved, and settled growth off. Each is replayed with
+# for more memory reserved, settled growth off, and one slot per chunk (the least memory
+# stitching reaches, for the most driver calls). Each is replayed with
 # `--config gmlake --settings TEXT`.
 SETTINGS = ["settle_window:0", "max_chunk_mib:64", "max_chunk_mib:128", "stitch_edges_mib:0",
             "stitch_edges_mib:0,max_chunk_mib:128,big_chunk_mib:512", "big_growth_mib:256,big_chunk_mib:64",
-            "borrow_max_mib:0"]
+            "borrow_max_mib:0", "max_chunk_mib:2,settled_max_chunk_mib:2,big_growth_mib:0,request_chunk:false"]
 PEERS = [("torch-default", "PyTorch default"), ("torch-expandable", "PyTorch expandable_segments"),
          ("cudaMallocAsync", "cudaMallocAsync pool")]
 
@@ -163,7 +164,11 @@ def settings_section(replay, traces, default, best_peer):
              "([docs/design.md](design.md), \"Borrowing a chunk between the arenas\").",
              "`big_growth_mib:256,big_chunk_mib:64` cuts every growth of 256 MiB or more into chunks of up",
              "to 64 MiB (by default: 768 MiB or more, into chunks of up to 256 MiB): of these choices, the",
-             "one that keeps every trace below 1 ms with the least fragmentation.", "",
+             "one that keeps every trace below 1 ms with the least fragmentation.",
+             "`max_chunk_mib:2,settled_max_chunk_mib:2,big_growth_mib:0,request_chunk:false` makes every",
+             "chunk one 2 MiB slot, so a stitch may map any free slot: the least memory stitching reaches,",
+             "each slot with its own create, map and access call ([docs/design.md](design.md), \"The trade,",
+             "left to the job\").", "",
              "| settings | mean frag | traces above 1% | above the best H200 peer | mean driver us/iter | "
              "traces above 1 ms |", "|---|---|---|---|---|---|"]
     for label, rs in cols:
